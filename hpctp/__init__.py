@@ -1,0 +1,31 @@
+"""hpctp: tensor-partitioned deep learning on MPI process grids.
+
+Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; every
+operation computes what one device would compute on the whole tensor.
+"""
+
+from . import comm, layout, random
+from .comm import CommCounter, ProcessGrid
+from .factories import distribute, empty, from_local, full, ones, zeros
+from .layout import Layout, block_range
+from .tensor import DistTensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommCounter",
+    "DistTensor",
+    "Layout",
+    "ProcessGrid",
+    "__version__",
+    "block_range",
+    "comm",
+    "distribute",
+    "empty",
+    "from_local",
+    "full",
+    "layout",
+    "ones",
+    "random",
+    "zeros",
+]

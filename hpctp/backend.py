@@ -1,0 +1,283 @@
+"""Array backends of local blocks (numpy, torch CPU/CUDA, cupy): small, local helpers.
+
+Everything here is local (no communication). Blocks keep their backend and device
+through every operation; conversions happen only when asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Array",
+    "backend_name",
+    "is_torch",
+    "is_cupy",
+    "is_device",
+    "check_array",
+    "as_contiguous",
+    "empty_like_backend",
+    "from_numpy",
+    "to_numpy",
+    "convert",
+    "byte_view",
+    "numpy_dtype",
+    "resolve_dtype",
+    "copy_into",
+    "from_bytes",
+    "pack",
+    "empty_bytes",
+    "astype",
+]
+
+Array = Any  # numpy.ndarray | torch.Tensor | cupy.ndarray
+
+
+def is_torch(x: object) -> bool:
+    """Local. True for a torch tensor (without importing torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cupy(x: object) -> bool:
+    """Local. True for a cupy array (without importing cupy)."""
+    cp = sys.modules.get("cupy")
+    return cp is not None and isinstance(x, cp.ndarray)
+
+
+def is_device(x: object) -> bool:
+    """Local. True when the block lives in GPU memory."""
+    return is_cupy(x) or (is_torch(x) and x.device.type != "cpu")  # type: ignore[attr-defined]
+
+
+def backend_name(x: object) -> str:
+    """Local. ``"numpy"``, ``"torch"`` or ``"cupy"``.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not an array of a supported backend.
+    """
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if is_torch(x):
+        return "torch"
+    if is_cupy(x):
+        return "cupy"
+    raise TypeError(
+        f"local blocks must be numpy.ndarray, torch.Tensor or cupy.ndarray, got {type(x).__name__}"
+    )
+
+
+def check_array(x: object, what: str = "array") -> Array:
+    """Local. Return ``x`` if it is a supported array, else raise a TypeError naming ``what``."""
+    try:
+        backend_name(x)
+    except TypeError as e:
+        raise TypeError(f"{what}: {e}") from None
+    return x
+
+
+def numpy_dtype(dtype: object) -> np.dtype:
+    """Local. The numpy dtype matching a numpy/torch/cupy dtype (bfloat16 maps to a 2-byte void)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        if dtype == torch.bfloat16:
+            return np.dtype("V2")
+        return torch.empty((), dtype=dtype).numpy().dtype
+    return np.dtype(dtype)  # type: ignore[arg-type]
+
+
+def resolve_dtype(dtype: object, backend: str) -> Any:
+    """Local. ``dtype`` as the given backend spells it (e.g. ``"float32"`` -> ``torch.float32``)."""
+    if backend == "torch":
+        import torch
+
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        npd = np.dtype(dtype)  # type: ignore[arg-type]
+        return torch.from_numpy(np.empty(0, dtype=npd)).dtype
+    if backend == "cupy":
+        return np.dtype(dtype) if not is_torch_dtype(dtype) else numpy_dtype(dtype)
+    return numpy_dtype(dtype)
+
+
+def is_torch_dtype(dtype: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dtype, torch.dtype)
+
+
+def _device_of(like: object) -> Any:
+    if is_torch(like):
+        return like.device  # type: ignore[attr-defined]
+    return None
+
+
+def empty_like_backend(shape: tuple[int, ...], dtype: object, like: object) -> Array:
+    """Local. An uninitialised array of ``shape``/``dtype`` on the backend and device of ``like``.
+
+    ``like`` is an array, or one of the strings ``"numpy"``, ``"torch"``, ``"cupy"``,
+    ``"cuda"`` (torch on the current CUDA device).
+    """
+    if isinstance(like, str):
+        if like == "numpy":
+            return np.empty(shape, dtype=resolve_dtype(dtype, "numpy"))
+        if like in ("torch", "cuda"):
+            import torch
+
+            dev = "cuda" if like == "cuda" else "cpu"
+            return torch.empty(shape, dtype=resolve_dtype(dtype, "torch"), device=dev)
+        if like == "cupy":
+            import cupy as cp
+
+            return cp.empty(shape, dtype=resolve_dtype(dtype, "cupy"))
+        raise ValueError(f"like={like!r} must be 'numpy', 'torch', 'cuda', 'cupy' or an array")
+    name = backend_name(like)
+    if name == "numpy":
+        return np.empty(shape, dtype=resolve_dtype(dtype, "numpy"))
+    if name == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=resolve_dtype(dtype, "torch"), device=_device_of(like))
+    import cupy as cp
+
+    with like.device:  # type: ignore[attr-defined]
+        return cp.empty(shape, dtype=resolve_dtype(dtype, "cupy"))
+
+
+def from_numpy(a: np.ndarray, like: object) -> Array:
+    """Local. Copy/wrap a numpy array onto the backend and device of ``like`` (array or name)."""
+    target = like if isinstance(like, str) else backend_name(like)
+    if target == "numpy":
+        return a
+    if target in ("torch", "cuda"):
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        dev = "cuda" if target == "cuda" else _device_of(like)
+        return t.to(dev) if dev is not None and str(dev) != "cpu" else t
+    if target == "cupy":
+        import cupy as cp
+
+        return cp.asarray(a)
+    raise ValueError(f"unknown backend {like!r}")
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    """Local. A numpy array with the block's values (a view for numpy and CPU torch)."""
+    name = backend_name(x)
+    if name == "numpy":
+        return x
+    if name == "torch":
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return t.resolve_conj().numpy() if t.is_complex() else t.numpy()
+    return x.get()
+
+
+def convert(x: Array, backend: str) -> Array:
+    """Local. The block on another backend: ``"numpy"``, ``"torch"``, ``"cuda"`` or ``"cupy"``."""
+    if backend == backend_name(x) and not (backend == "torch" and is_device(x)):
+        return x
+    if backend == "numpy":
+        return to_numpy(x)
+    if backend == "cuda" and is_torch(x):
+        return x.cuda()
+    if backend == "torch" and is_cupy(x):
+        import torch
+
+        return torch.from_dlpack(x)
+    if backend == "cupy" and is_torch(x) and is_device(x):
+        import cupy as cp
+
+        return cp.from_dlpack(x)
+    if backend == "torch" and is_torch(x):
+        return x.cpu()
+    if backend not in ("torch", "cuda", "cupy"):
+        raise ValueError(f"backend must be 'numpy', 'torch', 'cuda' or 'cupy', got {backend!r}")
+    return from_numpy(to_numpy(x), backend)
+
+
+def as_contiguous(x: Array) -> Array:
+    """Local. ``x`` itself if C-contiguous, else a C-contiguous copy."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    if is_torch(x):
+        return x.contiguous()
+    import cupy as cp
+
+    return cp.ascontiguousarray(x)
+
+
+def byte_view(x: Array) -> Array:
+    """Local. Flat ``uint8`` view of a C-contiguous block (same memory, same backend)."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous:
+            raise ValueError("byte_view needs a C-contiguous array")
+        return x.reshape(-1).view(np.uint8)
+    if is_torch(x):
+        import torch
+
+        if not x.is_contiguous():
+            raise ValueError("byte_view needs a contiguous tensor")
+        return x.detach().reshape(-1).view(torch.uint8)
+    if not x.flags.c_contiguous:
+        raise ValueError("byte_view needs a C-contiguous array")
+    import cupy as cp
+
+    return x.reshape(-1).view(cp.uint8)
+
+
+def copy_into(dst: Array, src: Array) -> None:
+    """Local. ``dst[...] = src`` for blocks of the same backend (autograd-free for torch)."""
+    if is_torch(dst):
+        import torch
+
+        with torch.no_grad():
+            dst.copy_(src)
+    else:
+        dst[...] = src
+
+
+def from_bytes(flat: Array, dtype: object, shape: tuple[int, ...]) -> Array:
+    """Local. View a flat ``uint8`` buffer (any backend) as an array of ``dtype`` and ``shape``."""
+    if is_torch(flat):
+        import torch
+
+        if dtype == torch.bfloat16:
+            return flat.view(torch.int16).view(torch.bfloat16).reshape(shape)
+        return flat.view(dtype).reshape(shape)
+    return flat.view(dtype).reshape(shape)
+
+
+def pack(blocks: list[Array], like: Array) -> Array:
+    """Local. Concatenate the bytes of ``blocks`` into one flat ``uint8`` buffer on ``like``'s backend."""
+    views = [byte_view(as_contiguous(b)) for b in blocks]
+    if isinstance(like, np.ndarray):
+        return np.concatenate(views) if views else np.empty(0, dtype=np.uint8)
+    if is_torch(like):
+        import torch
+
+        if views:
+            return torch.cat(views)
+        return torch.empty(0, dtype=torch.uint8, device=like.device)
+    import cupy as cp
+
+    return cp.concatenate(views) if views else cp.empty(0, dtype=cp.uint8)
+
+
+def empty_bytes(n: int, like: Array) -> Array:
+    """Local. A flat ``uint8`` buffer of ``n`` bytes on ``like``'s backend and device."""
+    return empty_like_backend((n,), "uint8", like)
+
+
+def astype(x: Array, dtype: object) -> Array:
+    """Local. ``x`` converted to ``dtype`` (given in any backend's spelling), same backend and device."""
+    name = backend_name(x)
+    if name == "torch":
+        return x.to(resolve_dtype(dtype, "torch"))
+    return x.astype(resolve_dtype(dtype, name), copy=False)

@@ -1,0 +1,51 @@
+"""The only part of hpctp that talks to MPI: process grids, collectives, counters."""
+
+from .buffers import mpi_buffer, nbytes, synchronize
+from .collectives import (
+    Pending,
+    all_true,
+    allgather_ints,
+    allgatherv,
+    allreduce,
+    alltoallv,
+    barrier,
+    bcast,
+    bcast_ints,
+    gatherv,
+    ibcast,
+    irecv,
+    isend,
+    raise_if_any,
+    scatterv,
+    waitall,
+)
+from .counter import CommCounter, record
+from .cuda import cuda_aware, cuda_aware_reason
+from .grid import ProcessGrid
+
+__all__ = [
+    "CommCounter",
+    "Pending",
+    "ProcessGrid",
+    "all_true",
+    "allgather_ints",
+    "allgatherv",
+    "allreduce",
+    "alltoallv",
+    "barrier",
+    "bcast",
+    "bcast_ints",
+    "cuda_aware",
+    "cuda_aware_reason",
+    "gatherv",
+    "ibcast",
+    "irecv",
+    "isend",
+    "mpi_buffer",
+    "nbytes",
+    "raise_if_any",
+    "record",
+    "scatterv",
+    "synchronize",
+    "waitall",
+]

@@ -1,0 +1,149 @@
+"""Turning local blocks into buffers MPI accepts, without pickling and without copies
+where the memory allows it (numpy, torch CPU, device memory with CUDA-aware MPI)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..backend import Array, backend_name, is_device
+from .cuda import cuda_aware
+
+__all__ = ["mpi_buffer", "nbytes", "synchronize"]
+
+_pinned: dict[int, list[np.ndarray]] = {}
+
+
+def nbytes(x: Array) -> int:
+    """Local. Size of a block in bytes."""
+    if is_torch_tensor(x):
+        return int(x.numel() * x.element_size())
+    return int(x.nbytes)
+
+
+def is_torch_tensor(x: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def synchronize(x: Array) -> None:
+    """Local. Wait until pending GPU work on ``x``'s device is done (no-op on the host)."""
+    if not is_device(x):
+        return
+    if is_torch_tensor(x):
+        import torch
+
+        torch.cuda.current_stream(x.device).synchronize()
+    else:
+        import cupy as cp
+
+        cp.cuda.get_current_stream().synchronize()
+
+
+def _acquire_staging(n: int) -> np.ndarray:
+    """A pinned (page-locked) host buffer of at least ``n`` bytes from a reuse pool.
+
+    Buffers in use are taken out of the pool, so concurrent operations (a send and a
+    receive buffer of one collective) never share memory; :func:`_release_staging`
+    puts them back.
+    """
+    key = max(1 << (max(n, 1) - 1).bit_length(), 4096)
+    free = _pinned.setdefault(key, [])
+    if free:
+        return free.pop()
+    try:
+        import torch
+
+        return torch.empty(key, dtype=torch.uint8, pin_memory=True).numpy()
+    except Exception:  # no CUDA runtime for pinning: plain host memory
+        return np.empty(key, dtype=np.uint8)
+
+
+def _release_staging(buf: np.ndarray) -> None:
+    _pinned.setdefault(buf.size, []).append(buf)
+
+
+def _torch_view(x: Any) -> Any:
+    import torch
+
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    if t.is_complex() and t.is_conj():
+        t = t.resolve_conj()
+    return t
+
+
+@contextlib.contextmanager
+def mpi_buffer(x: Array, *, read: bool = True, write: bool = False) -> Iterator[Any]:
+    """Local. Yield a buffer for MPI that aliases the contiguous block ``x``.
+
+    Parameters
+    ----------
+    x : array
+        A C-contiguous numpy array, torch tensor or cupy array.
+    read : bool
+        MPI reads the buffer (send side): device data is copied to the staging buffer first.
+    write : bool
+        MPI writes the buffer (receive side): staged data is copied back to ``x`` on exit.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not contiguous.
+    """
+    name = backend_name(x)
+    if name == "numpy":
+        if not x.flags.c_contiguous:
+            raise ValueError("MPI buffers must be C-contiguous; use np.ascontiguousarray")
+        yield x
+        return
+    if name == "torch" and not x.is_contiguous():
+        raise ValueError("MPI buffers must be contiguous tensors; call .contiguous()")
+    if name == "cupy" and not x.flags.c_contiguous:
+        raise ValueError("MPI buffers must be C-contiguous; use cupy.ascontiguousarray")
+    if name == "torch" and not is_device(x):
+        yield _torch_view(x).numpy()
+        return
+    # device memory
+    dev = _torch_view(x) if name == "torch" else x
+    synchronize(x)
+    if cuda_aware():
+        yield dev
+        synchronize(x)
+        return
+    n = nbytes(x)
+    pooled = _acquire_staging(n)
+    host = pooled[:n]
+    flat = dev.reshape(-1)
+    try:
+        if read:
+            if name == "torch":
+                import torch
+
+                torch.from_numpy(host).copy_(flat.view(torch.uint8))
+            else:
+                flat.view(np.uint8).get(out=host)
+        yield host.view(_numpy_dtype_of(dev)).reshape(tuple(x.shape))
+        if write:
+            if name == "torch":
+                import torch
+
+                flat.view(torch.uint8).copy_(torch.from_numpy(host))
+            else:
+                flat.view(np.uint8).set(host)
+            synchronize(x)
+    finally:
+        _release_staging(pooled)
+
+
+def _numpy_dtype_of(dev: Any) -> np.dtype:
+    if is_torch_tensor(dev):
+        import torch
+
+        return torch.empty(0, dtype=dev.dtype).numpy().dtype
+    return np.dtype(dev.dtype)

@@ -1,0 +1,62 @@
+"""Detection of CUDA-aware MPI (device pointers accepted by the MPI library)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import lru_cache
+
+__all__ = ["cuda_aware", "cuda_aware_reason"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@lru_cache(maxsize=1)
+def _query_library() -> tuple[bool | None, str]:
+    """Ask the loaded MPI library (``MPIX_Query_cuda_support``) when it exports the query."""
+    from mpi4py import MPI
+
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:  # newer mpi4py wraps the MPIX query
+        return bool(query()), "mpi4py MPI.Query_cuda_support()"
+    try:
+        lib = ctypes.CDLL(None)
+        fn = lib.MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return None, "library has no MPIX_Query_cuda_support"
+    fn.restype = ctypes.c_int
+    return bool(fn()), "MPIX_Query_cuda_support()"
+
+
+def cuda_aware_reason() -> tuple[bool, str]:
+    """Local. Whether device buffers go to MPI directly, and why.
+
+    Order: the ``HPCTP_CUDA_AWARE`` environment variable (``0``/``1``) overrides; then the
+    MPI library's own query; then library-specific environment (Open MPI's
+    ``OMPI_MCA_opal_cuda_support``, MPICH's ``MPIR_CVAR_ENABLE_GPU``, Cray's
+    ``MPICH_GPU_SUPPORT_ENABLED``); otherwise False (host staging, always correct).
+    """
+    env = os.environ.get("HPCTP_CUDA_AWARE", "").strip().lower()
+    if env in _TRUE:
+        return True, "HPCTP_CUDA_AWARE=1"
+    if env in _FALSE:
+        return False, "HPCTP_CUDA_AWARE=0"
+    found, why = _query_library()
+    if found is not None:
+        return found, why
+    for var in ("MPICH_GPU_SUPPORT_ENABLED", "OMPI_MCA_opal_cuda_support", "MPIR_CVAR_ENABLE_GPU"):
+        if os.environ.get(var, "").strip().lower() in _TRUE:
+            return True, f"{var}=1"
+    return False, "not detected (set HPCTP_CUDA_AWARE=1 to force)"
+
+
+def cuda_aware() -> bool:
+    """Local. True when device (CUDA) buffers are passed to MPI without host staging.
+
+    Returns
+    -------
+    bool
+        See :func:`cuda_aware_reason` for the detection order.
+    """
+    return cuda_aware_reason()[0]

@@ -1,0 +1,169 @@
+"""The Cartesian process grid that every distributed tensor lives on."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from mpi4py import MPI
+
+from ..layout import grid_coords
+
+__all__ = ["ProcessGrid"]
+
+
+
+def _normalize_dims(dims: int | Sequence[int], size: int) -> tuple[int, ...]:
+    if isinstance(dims, bool):
+        raise TypeError(f"dims must be an int or a sequence of ints, got {dims!r}")
+    if isinstance(dims, int):
+        if dims < 1:
+            raise ValueError(f"dims={dims}: a grid needs at least one axis")
+        dims = [0] * dims
+    try:
+        raw = list(dims)
+    except TypeError:
+        raise TypeError(f"dims must be an int or a sequence of ints, got {type(dims).__name__}") from None
+    if not raw:
+        raise ValueError("dims must not be empty")
+    for i, d in enumerate(raw):
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise ValueError(f"dims[{i}]={d!r} must be a non-negative int (0 = let MPI choose)")
+    fixed = math.prod(d for d in raw if d > 0)
+    if 0 not in raw:
+        if fixed != size:
+            raise ValueError(
+                f"grid dims {tuple(raw)} hold {fixed} ranks but the communicator has {size}; "
+                f"use dims whose product is {size}, or put 0 where MPI may choose"
+            )
+        return tuple(raw)
+    if size % fixed:
+        raise ValueError(
+            f"grid dims {tuple(raw)}: the fixed sizes (product {fixed}) do not divide the "
+            f"communicator size {size}"
+        )
+    return tuple(MPI.Compute_dims(size, raw))
+
+
+class ProcessGrid:
+    """Collective over ``comm``. A Cartesian grid of MPI processes.
+
+    The grid works on its own duplicate of ``comm`` (``comm.Dup()`` then ``Create_cart``
+    without reordering), so hpctp's messages never mix with the caller's. Ranks are laid
+    out row-major: the grid rank equals the rank in ``comm``.
+
+    Parameters
+    ----------
+    dims : int or sequence of int
+        Grid shape. Entries of 0 are filled in by ``MPI.Compute_dims``; a plain int ``n``
+        asks for an ``n``-dimensional grid chosen entirely by MPI.
+    comm : mpi4py.MPI.Intracomm, optional
+        The communicator to build the grid on (default ``MPI.COMM_WORLD``).
+    periods : sequence of bool, optional
+        Periodicity per grid axis (affects :meth:`shift`); default non-periodic.
+
+    Attributes
+    ----------
+    dims, ndim, rank, size, coords, comm
+
+    Raises
+    ------
+    ValueError
+        If the product of ``dims`` does not match the communicator size, or ``periods``
+        has the wrong length. Raised on every rank before any communication.
+    TypeError
+        If ``dims`` or ``comm`` has the wrong type.
+    """
+
+    def __init__(
+        self,
+        dims: int | Sequence[int],
+        comm: MPI.Intracomm | None = None,
+        periods: Sequence[bool] | None = None,
+    ) -> None:
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
+        size = comm.Get_size()
+        self.dims: tuple[int, ...] = _normalize_dims(dims, size)
+        self.ndim: int = len(self.dims)
+        if periods is None:
+            periods = [False] * self.ndim
+        periods = [bool(p) for p in periods]
+        if len(periods) != self.ndim:
+            raise ValueError(f"periods has {len(periods)} entries but the grid has {self.ndim} axes")
+        self.periods: tuple[bool, ...] = tuple(periods)
+        dup = comm.Dup()
+        self.comm: MPI.Cartcomm = dup.Create_cart(list(self.dims), periods=list(self.periods), reorder=False)
+        dup.Free()
+        self.comm.Set_name("hpctp.grid")
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self.coords: tuple[int, ...] = tuple(self.comm.Get_coords(self.rank))
+        if self.coords != grid_coords(self.rank, self.dims):  # MPI guarantees row-major order
+            raise RuntimeError("MPI Cartesian ranks are not row-major; hpctp cannot use this MPI")
+        self._subs: dict[int, MPI.Cartcomm] = {}
+        for axis in range(self.ndim):
+            remain = [a == axis for a in range(self.ndim)]
+            sub = self.comm.Sub(remain)
+            sub.Set_name(f"hpctp.grid.axis{axis}")
+            self._subs[axis] = sub
+
+    # ------------------------------------------------------------------ local queries
+    def sub(self, axis: int) -> MPI.Cartcomm:
+        """Local. The communicator of the ranks that differ from this one only along ``axis``.
+
+        Its rank equals this process's coordinate along ``axis``.
+
+        Raises
+        ------
+        ValueError
+            If ``axis`` is not a grid axis.
+        """
+        self._check_axis(axis)
+        return self._subs[axis]
+
+    def shift(self, axis: int, disp: int = 1) -> tuple[int, int]:
+        """Local. ``(source, dest)`` ranks for a shift by ``disp`` along ``axis``.
+
+        ``MPI.PROC_NULL`` marks a missing neighbour on a non-periodic axis.
+        """
+        self._check_axis(axis)
+        src, dst = self.comm.Shift(axis, int(disp))
+        return int(src), int(dst)
+
+    def coords_of(self, rank: int) -> tuple[int, ...]:
+        """Local. Grid coordinates of ``rank``."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} is not in a grid of {self.size} ranks")
+        return grid_coords(rank, self.dims)
+
+    def rank_of(self, coords: Sequence[int]) -> int:
+        """Local. Rank at grid ``coords``."""
+        if len(coords) != self.ndim or any(not 0 <= c < d for c, d in zip(coords, self.dims)):
+            raise ValueError(f"coords {tuple(coords)} are not on a grid of dims {self.dims}")
+        return int(self.comm.Get_cart_rank(list(coords)))
+
+    def _check_axis(self, axis: int) -> None:
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < self.ndim:
+            raise ValueError(f"axis={axis!r} is not an axis of a {self.ndim}-D grid (0..{self.ndim - 1})")
+
+    # ------------------------------------------------------------------ lifetime
+    def free(self) -> None:
+        """Collective over grid. Release the grid's communicators."""
+        for sub in self._subs.values():
+            if sub != MPI.COMM_NULL:
+                sub.Free()
+        self._subs.clear()
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+    def __enter__(self) -> ProcessGrid:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return f"ProcessGrid(dims={self.dims}, rank={self.rank}, coords={self.coords})"

@@ -1,0 +1,233 @@
+"""Ways to make a DistTensor: scatter from one rank, wrap existing blocks, or fill."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import comm as C
+from .backend import Array, backend_name, check_array, empty_like_backend
+from .comm import ProcessGrid
+from .dtypes import dtype_code, dtype_from_code
+from .layout import Layout, grid_coords, normalize_split
+from .ops.transfer import scatter_block
+from .tensor import DistTensor
+
+__all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full"]
+
+_MAX_NDIM = 32
+_BACKENDS = ("numpy", "torch", "cuda", "cupy")
+
+
+def _check_grid(grid: object) -> ProcessGrid:
+    if not isinstance(grid, ProcessGrid):
+        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
+    return grid
+
+
+def _backend_key(x: Array) -> str:
+    name = backend_name(x)
+    if name == "torch" and x.device.type != "cpu":
+        return "cuda"
+    return name
+
+
+def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int = 0) -> DistTensor:
+    """Collective over grid. Scatter a global array held on ``root`` into blocks.
+
+    Parameters
+    ----------
+    array : array or None
+        The global tensor on ``root`` (numpy, torch or cupy); ignored (pass None) elsewhere.
+    grid : ProcessGrid
+    split : split specification
+        Grid axis per tensor dim (see :class:`hpctp.layout.Layout`).
+    root : int
+        Rank holding ``array``.
+
+    Returns
+    -------
+    DistTensor
+        Blocks on the root's backend and dtype (CUDA blocks on each rank's current device).
+
+    Raises
+    ------
+    TypeError
+        If ``array`` on root is not a supported array (raised on every rank).
+    ValueError
+        If ``root`` or ``split`` is invalid (raised on every rank).
+    """
+    grid = _check_grid(grid)
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < grid.size:
+        raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
+    header = None
+    error: Exception | None = None
+    if grid.rank == root:
+        try:
+            check_array(array, "distribute(array=...) on the root rank")
+            if array.ndim > _MAX_NDIM:  # type: ignore[union-attr]
+                raise ValueError(f"at most {_MAX_NDIM} dims are supported, got {array.ndim}")  # type: ignore[union-attr]
+            header = [array.ndim, dtype_code(array.dtype), _BACKENDS.index(_backend_key(array))]  # type: ignore[union-attr]
+            header += list(array.shape) + [0] * (_MAX_NDIM - array.ndim)  # type: ignore[union-attr]
+        except (TypeError, ValueError) as e:
+            error = e
+    C.raise_if_any(grid.comm, error)
+    h = C.bcast_ints(grid.comm, header, 3 + _MAX_NDIM, root=root)
+    ndim, code, backend = int(h[0]), int(h[1]), _BACKENDS[int(h[2])]
+    shape = tuple(int(s) for s in h[3 : 3 + ndim])
+    layout = Layout(shape, grid.dims, normalize_split(split, ndim, grid.ndim))
+    dtype = array.dtype if grid.rank == root else dtype_from_code(code, backend)  # type: ignore[union-attr]
+    like = array if grid.rank == root else backend
+    local = scatter_block(array, grid, layout, dtype, like, root=root)
+    return DistTensor(local, grid, layout)
+
+
+def from_local(
+    block: Array, grid: ProcessGrid, split: object, global_shape: Sequence[int] | None = None
+) -> DistTensor:
+    """Collective over grid. Wrap the blocks a simulation code already holds, without copying.
+
+    Block sizes along a split dim may be uneven (any sizes, e.g. a simulation's own
+    decomposition); they must agree among ranks sharing a grid coordinate and tile the
+    global shape.
+
+    Parameters
+    ----------
+    block : array
+        This rank's block (numpy, torch or cupy); used as the local block as is.
+    grid : ProcessGrid
+    split : split specification
+        Grid axis per tensor dim.
+    global_shape : sequence of int, optional
+        Expected global shape; inferred from the blocks when omitted.
+
+    Returns
+    -------
+    DistTensor
+
+    Raises
+    ------
+    TypeError
+        If a rank's block is not a supported array.
+    ValueError
+        If dims or dtypes differ between ranks, blocks do not tile, or ``global_shape``
+        does not match. Raised on every rank.
+    """
+    grid = _check_grid(grid)
+    error: Exception | None = None
+    info = [-1] * (2 + _MAX_NDIM)
+    try:
+        check_array(block, "from_local(block=...)")
+        if block.ndim > _MAX_NDIM:
+            raise ValueError(f"at most {_MAX_NDIM} dims are supported, got {block.ndim}")
+        info = [block.ndim, dtype_code(block.dtype)] + list(block.shape) + [0] * (_MAX_NDIM - block.ndim)
+    except (TypeError, ValueError) as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
+    table = C.allgather_ints(grid.comm, info)
+    layout = _infer_layout(table, grid.dims, split, global_shape)
+    return DistTensor(block, grid, layout)
+
+
+def _infer_layout(
+    table: np.ndarray, grid_dims: tuple[int, ...], split: object, global_shape: Sequence[int] | None
+) -> Layout:
+    """Same on every rank: the layout implied by every rank's (ndim, dtype, shape)."""
+    ndims = set(table[:, 0].tolist())
+    if len(ndims) != 1:
+        raise ValueError(f"from_local: blocks have different numbers of dims on different ranks: {sorted(ndims)}")
+    ndim = ndims.pop()
+    codes = set(table[:, 1].tolist())
+    if len(codes) != 1:
+        raise ValueError("from_local: blocks have different dtypes on different ranks; cast them to one dtype")
+    sp = normalize_split(split, ndim, len(grid_dims))
+    shapes = {r: tuple(int(s) for s in table[r, 2 : 2 + ndim]) for r in range(table.shape[0])}
+    cuts = []
+    shape = []
+    for d in range(ndim):
+        g = sp[d]
+        if g is None:
+            sizes = {s[d] for s in shapes.values()}
+            if len(sizes) != 1:
+                raise ValueError(
+                    f"from_local: dim {d} is not split (split[{d}]=None) but its size differs "
+                    f"between ranks: {sorted(sizes)}"
+                )
+            n = sizes.pop()
+            shape.append(n)
+            cuts.append(None)
+            continue
+        per_coord: list[set[int]] = [set() for _ in range(grid_dims[g])]
+        for r, s in shapes.items():
+            per_coord[grid_coords(r, grid_dims)[g]].add(s[d])
+        for c, sizes in enumerate(per_coord):
+            if len(sizes) != 1:
+                raise ValueError(
+                    f"from_local: blocks do not tile: dim {d} is split over grid axis {g}, but ranks "
+                    f"at coordinate {c} of that axis have different sizes {sorted(sizes)} in dim {d}"
+                )
+        sizes_d = [next(iter(s)) for s in per_coord]
+        cuts.append(tuple(itertools.accumulate(sizes_d, initial=0)))
+        shape.append(cuts[-1][-1])
+    if global_shape is not None and tuple(int(n) for n in global_shape) != tuple(shape):
+        raise ValueError(
+            f"from_local: blocks tile a global shape {tuple(shape)} but global_shape="
+            f"{tuple(global_shape)} was given"
+        )
+    return Layout(tuple(shape), grid_dims, sp, tuple(cuts))
+
+
+def empty(
+    shape: Sequence[int], grid: ProcessGrid, split: object = None, dtype: object = "float64", like: object = "numpy"
+) -> DistTensor:
+    """Local. An uninitialised distributed tensor.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Global shape.
+    grid : ProcessGrid
+    split : split specification
+    dtype : dtype
+        In numpy or torch spelling.
+    like : str or array
+        ``"numpy"``, ``"torch"``, ``"cuda"``, ``"cupy"``, or an array whose backend/device to use.
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, split or backend.
+    """
+    grid = _check_grid(grid)
+    layout = Layout(tuple(shape), grid.dims, split)  # type: ignore[arg-type]
+    return DistTensor(empty_like_backend(layout.local_shape(grid.coords), dtype, like), grid, layout)
+
+
+def full(
+    shape: Sequence[int],
+    value: object,
+    grid: ProcessGrid,
+    split: object = None,
+    dtype: object = "float64",
+    like: object = "numpy",
+) -> DistTensor:
+    """Local. A distributed tensor filled with ``value``; arguments as for :func:`empty`."""
+    t = empty(shape, grid, split, dtype, like)
+    t.local[...] = value
+    return t
+
+
+def zeros(
+    shape: Sequence[int], grid: ProcessGrid, split: object = None, dtype: object = "float64", like: object = "numpy"
+) -> DistTensor:
+    """Local. A distributed tensor of zeros; arguments as for :func:`empty`."""
+    return full(shape, 0, grid, split, dtype, like)
+
+
+def ones(
+    shape: Sequence[int], grid: ProcessGrid, split: object = None, dtype: object = "float64", like: object = "numpy"
+) -> DistTensor:
+    """Local. A distributed tensor of ones; arguments as for :func:`empty`."""
+    return full(shape, 1, grid, split, dtype, like)

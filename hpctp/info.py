@@ -1,0 +1,57 @@
+"""What this installation can do: MPI library, ranks, grid, CUDA-aware MPI, array backends."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from typing import Any
+
+from mpi4py import MPI
+
+from .comm import cuda_aware_reason
+
+__all__ = ["runtime_info", "format_info"]
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_info(comm: Any = None) -> dict[str, Any]:
+    """Local. A dict describing the MPI runtime and the available backends on this rank."""
+    comm = MPI.COMM_WORLD if comm is None else getattr(comm, "comm", comm)
+    aware, why = cuda_aware_reason()
+    info: dict[str, Any] = {
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
+        "mpi4py": _version("mpi4py"),
+        "ranks": comm.Get_size(),
+        "default_grid_2d": tuple(MPI.Compute_dims(comm.Get_size(), 2)),
+        "cuda_aware_mpi": aware,
+        "cuda_aware_reason": why,
+        "numpy": _version("numpy"),
+        "torch": _version("torch"),
+        "cupy": _version("cupy-cuda12x") or _version("cupy"),
+        "h5py": _version("h5py"),
+    }
+    try:
+        import torch
+
+        info["torch_cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        info["torch_cuda_devices"] = 0
+    try:
+        h5py = importlib.import_module("h5py")
+        info["h5py_mpi"] = bool(h5py.get_config().mpi)
+    except ImportError:
+        info["h5py_mpi"] = False
+    return info
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """Local. ``runtime_info`` as aligned ``key: value`` lines."""
+    width = max(len(k) for k in info)
+    return "\n".join(f"{k.ljust(width)} : {v}" for k, v in info.items())

@@ -1,0 +1,1 @@
+"""Distributed torch.nn layers whose tensors are partitioned over a ProcessGrid."""

@@ -1,0 +1,147 @@
+"""Reductions of distributed tensors: local reduce, then all-reduce along the split grid axes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import comm as C
+from ..backend import Array, as_contiguous, backend_name, is_torch
+from ..comm import ProcessGrid
+from ..layout import Layout
+
+__all__ = ["normalize_axes", "reduce_block", "REDUCTIONS"]
+
+REDUCTIONS = ("sum", "max", "min")
+
+
+def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """Local. Reduction axes as sorted non-negative ints.
+
+    Raises
+    ------
+    ValueError
+        If an axis is out of range or repeated.
+    """
+    if axis is None:
+        return tuple(range(ndim))
+    items = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"axis entries must be ints, got {a!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of range for a {ndim}-D tensor")
+        a = int(a) % ndim
+        if a in out:
+            raise ValueError(f"axis {a} is repeated in axis={axis!r}")
+        out.append(a)
+    return tuple(sorted(out))
+
+
+def _identity(op: str, dtype: object) -> object:
+    if op == "sum":
+        return 0
+    if is_torch_dtype(dtype):
+        import torch
+
+        if dtype == torch.bool:
+            return op == "min"
+        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)  # type: ignore[union-attr]
+        if dtype.is_floating_point:  # type: ignore[union-attr]
+            return -math.inf if op == "max" else math.inf
+        return info.min if op == "max" else info.max
+    dt = np.dtype(dtype)  # type: ignore[arg-type]
+    if dt == np.bool_:
+        return op == "min"
+    if dt.kind == "f":
+        return -math.inf if op == "max" else math.inf
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return info.min if op == "max" else info.max
+    raise TypeError(f"{op} is not defined for dtype {dt}")
+
+
+def is_torch_dtype(dtype: object) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dtype, torch.dtype)
+
+
+def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
+    """Reduce with keepdims; empty extents give the op's identity."""
+    out_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+    empty = any(x.shape[d] == 0 for d in axes)
+    if is_torch(x):
+        import torch
+
+        if empty:
+            dtype = x.dtype if op != "sum" or x.dtype.is_floating_point or x.dtype.is_complex else torch.int64
+            return torch.full(out_shape, _identity(op, x.dtype), dtype=dtype, device=x.device)
+        if not axes:
+            return x.clone()
+        if op == "sum":
+            return torch.sum(x, dim=axes, keepdim=True)
+        fn = torch.amax if op == "max" else torch.amin
+        return fn(x, dim=axes, keepdim=True)
+    xp = np if backend_name(x) == "numpy" else __import__("cupy")
+    if empty:
+        dtype = np.sum(np.zeros(1, dtype=x.dtype)).dtype if op == "sum" else x.dtype
+        return xp.full(out_shape, _identity(op, x.dtype), dtype=dtype)
+    fn = {"sum": xp.sum, "max": xp.max, "min": xp.min}[op]
+    return fn(x, axis=axes, keepdims=True)
+
+
+def reduce_block(
+    local: Array,
+    grid: ProcessGrid,
+    layout: Layout,
+    op: str,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+) -> tuple[Array, Layout]:
+    """Collective over the grid axes that split a reduced dim. Reduce a distributed tensor.
+
+    Parameters
+    ----------
+    op : {"sum", "max", "min"}
+    axis : int, sequence of int or None
+        Tensor dims to reduce (None: all).
+    keepdims : bool
+        Keep reduced dims with size 1.
+
+    Returns
+    -------
+    (array, Layout)
+        The local block of the result and its layout: reduced dims are dropped (or size
+        1) and no longer split, so the result is replicated along the grid axes that
+        split them; other dims keep their split.
+
+    Raises
+    ------
+    ValueError
+        On an unknown op or bad axis.
+    """
+    if op not in REDUCTIONS:
+        raise ValueError(f"op must be one of {REDUCTIONS}, got {op!r}")
+    axes = normalize_axes(axis, layout.ndim)
+    red = as_contiguous(_local_reduce(local, op, axes))
+    grid_axes = [layout.split[d] for d in axes if layout.split[d] is not None]
+    if len(grid_axes) == grid.ndim and grid.ndim > 1:
+        C.allreduce(grid.comm, red, op)
+    else:
+        for g in grid_axes:
+            C.allreduce(grid.sub(g), red, op)  # type: ignore[arg-type]
+    shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))
+    split = tuple(None if d in axes else s for d, s in enumerate(layout.split))
+    cuts = tuple(None if d in axes else c for d, c in enumerate(layout.cuts))
+    if not keepdims:
+        keep = [d for d in range(layout.ndim) if d not in axes]
+        shape = tuple(shape[d] for d in keep)
+        split = tuple(split[d] for d in keep)
+        cuts = tuple(cuts[d] for d in keep)
+        red = red.reshape(tuple(red.shape[d] for d in keep))
+    return red, Layout(shape, layout.grid_dims, split, cuts)

@@ -1,0 +1,112 @@
+"""Moving blocks between layouts and ranks: redistribute, gather, scatter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import comm as C
+from ..backend import Array, copy_into, empty_bytes, empty_like_backend, from_bytes, pack
+from ..comm import ProcessGrid
+from ..layout import Layout, grid_coords, redistribution_plan
+
+__all__ = ["redistribute_block", "gather_block", "scatter_block", "itemsize"]
+
+
+def itemsize(x: Array) -> int:
+    """Local. Bytes per element of a block."""
+    return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)
+
+
+def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout) -> Array:
+    """Collective over grid. Move a tensor from layout ``src`` to ``dst`` in one ``Alltoallv``.
+
+    Each rank sends only the boxes the receivers do not already hold (see
+    :func:`hpctp.layout.redistribution_plan`); local overlap is copied without MPI.
+
+    Returns
+    -------
+    array
+        The new local block, same backend, device and dtype as ``local``.
+    """
+    plan = redistribution_plan(src, dst, grid.rank)
+    out = empty_like_backend(dst.local_shape(grid.coords), local.dtype, local)
+    item = itemsize(local)
+    sendcounts = [0] * grid.size
+    for p in plan.sends:
+        sendcounts[p.peer] = p.size * item
+    recvcounts = [0] * grid.size
+    for p in plan.recvs:
+        recvcounts[p.peer] = p.size * item
+    sendbuf = pack([local[p.slices] for p in plan.sends], local)
+    recvbuf = empty_bytes(sum(recvcounts), local)
+    C.alltoallv(grid.comm, sendbuf, sendcounts, recvbuf, recvcounts)
+    for src_sl, dst_sl in plan.local:
+        copy_into(out[dst_sl], local[src_sl])
+    offset = 0
+    for p in sorted(plan.recvs, key=lambda q: q.peer):
+        n = p.size * item
+        shape = tuple(hi - lo for lo, hi in p.box)
+        copy_into(out[p.slices], from_bytes(recvbuf[offset : offset + n], local.dtype, shape))
+        offset += n
+    return out
+
+
+def gather_block(local: Array, grid: ProcessGrid, layout: Layout, root: int | None = 0) -> Array | None:
+    """Collective over grid. Assemble the global tensor on ``root`` (every rank if None).
+
+    Only one replica of each block is sent.
+
+    Returns
+    -------
+    array or None
+        The global tensor (same backend as ``local``) on ``root``; None elsewhere.
+    """
+    item = itemsize(local)
+    counts = []
+    for r in range(grid.size):
+        coords = grid_coords(r, layout.grid_dims)
+        counts.append(int(np.prod(layout.local_shape(coords))) * item if layout.is_primary(coords) else 0)
+    sendbuf = pack([local] if counts[grid.rank] else [], local)
+    everyone = root is None
+    if everyone or grid.rank == root:
+        recvbuf = empty_bytes(sum(counts), local)
+    else:
+        recvbuf = None
+    if everyone:
+        C.allgatherv(grid.comm, sendbuf, recvbuf, counts)
+    else:
+        C.gatherv(grid.comm, sendbuf, recvbuf, counts, root=root)  # type: ignore[arg-type]
+    if recvbuf is None:
+        return None
+    out = empty_like_backend(layout.global_shape, local.dtype, local)
+    offset = 0
+    for r, n in enumerate(counts):
+        if n:
+            coords = grid_coords(r, layout.grid_dims)
+            block = from_bytes(recvbuf[offset : offset + n], local.dtype, layout.local_shape(coords))
+            copy_into(out[layout.local_slices(coords)], block)
+        offset += n
+    return out
+
+
+def scatter_block(
+    array: Array | None, grid: ProcessGrid, layout: Layout, dtype: object, like: object, root: int = 0
+) -> Array:
+    """Collective over grid. Send every rank its block of ``array`` (given on ``root`` only).
+
+    Returns
+    -------
+    array
+        This rank's block, on the backend of ``like`` with ``dtype``.
+    """
+    out = empty_like_backend(layout.local_shape(grid.coords), dtype, like)
+    item = itemsize(out)
+    counts = [int(np.prod(layout.local_shape(grid_coords(r, layout.grid_dims)))) * item for r in range(grid.size)]
+    sendbuf = None
+    if grid.rank == root:
+        blocks = [array[layout.local_slices(grid_coords(r, layout.grid_dims))] for r in range(grid.size)]  # type: ignore[index]
+        sendbuf = pack(blocks, array)
+    recv = empty_bytes(counts[grid.rank], out)
+    C.scatterv(grid.comm, sendbuf, counts, recv, root=root)
+    copy_into(out, from_bytes(recv, out.dtype, tuple(out.shape)))
+    return out

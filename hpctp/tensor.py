@@ -1,0 +1,315 @@
+"""DistTensor: a global tensor whose blocks live on the ranks of a ProcessGrid."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .backend import Array, astype, backend_name, check_array, convert, is_device
+from .comm import ProcessGrid
+from .layout import Layout
+from .ops.reduce import normalize_axes, reduce_block
+from .ops.transfer import gather_block, redistribute_block
+
+__all__ = ["DistTensor"]
+
+
+class DistTensor:
+    """Local. A global tensor cut into blocks over a :class:`~hpctp.ProcessGrid`.
+
+    Usually made by :func:`hpctp.distribute`, :func:`hpctp.from_local`, :func:`hpctp.zeros`
+    or :mod:`hpctp.random` rather than directly.
+
+    Parameters
+    ----------
+    local : numpy.ndarray, torch.Tensor or cupy.ndarray
+        This rank's block; its shape must be ``layout.local_shape(grid.coords)``.
+    grid : ProcessGrid
+    layout : Layout
+        Must be on a grid of shape ``grid.dims``.
+
+    Raises
+    ------
+    TypeError
+        If ``local`` is not a supported array.
+    ValueError
+        If the block's shape or the layout's grid does not match.
+    """
+
+    __array_priority__ = 1000  # numpy scalars defer to our reflected operators
+
+    def __init__(self, local: Array, grid: ProcessGrid, layout: Layout) -> None:
+        check_array(local, "DistTensor local block")
+        if not isinstance(grid, ProcessGrid):
+            raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
+        if not isinstance(layout, Layout):
+            raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
+        if layout.grid_dims != grid.dims:
+            raise ValueError(f"layout is for grid dims {layout.grid_dims}, but the grid has dims {grid.dims}")
+        want = layout.local_shape(grid.coords)
+        if tuple(local.shape) != want:
+            raise ValueError(
+                f"rank {grid.rank} (coords {grid.coords}): local block has shape {tuple(local.shape)} "
+                f"but {layout} expects {want} here"
+            )
+        self.local = local
+        self.grid = grid
+        self.layout = layout
+
+    # ------------------------------------------------------------------ properties (local)
+    @property
+    def split(self) -> tuple[int | None, ...]:
+        """Grid axis per tensor dimension (None: not divided)."""
+        return self.layout.split
+
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        """Shape of the global tensor."""
+        return self.layout.global_shape
+
+    shape = global_shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return self.layout.ndim
+
+    @property
+    def size(self) -> int:
+        """Number of elements of the global tensor."""
+        return math.prod(self.global_shape)
+
+    @property
+    def dtype(self) -> Any:
+        """dtype of the blocks (as their backend spells it)."""
+        return self.local.dtype
+
+    @property
+    def backend(self) -> str:
+        """``"numpy"``, ``"torch"`` or ``"cupy"``."""
+        return backend_name(self.local)
+
+    @property
+    def local_slices(self) -> tuple[slice, ...]:
+        """Global index slices of this rank's block."""
+        return self.layout.local_slices(self.grid.coords)
+
+    @property
+    def local_offsets(self) -> tuple[int, ...]:
+        """Global index of this rank's first element along each dimension."""
+        return tuple(s.start for s in self.local_slices)
+
+    def __repr__(self) -> str:
+        dev = f", device={self.local.device}" if is_device(self.local) else ""
+        return (
+            f"DistTensor(shape={self.global_shape}, split={self.split}, grid={self.grid.dims}, "
+            f"dtype={self.dtype}, backend={self.backend}{dev}, rank={self.grid.rank}, "
+            f"local_shape={tuple(self.local.shape)})"
+        )
+
+    def _new(self, local: Array, layout: Layout | None = None) -> DistTensor:
+        if isinstance(local, np.generic):  # numpy turns 0-d results into scalars
+            local = np.asarray(local)
+        return DistTensor(local, self.grid, self.layout if layout is None else layout)
+
+    # ------------------------------------------------------------------ communication
+    def gather(self, root: int | None = 0) -> Array | None:
+        """Collective over grid. The global tensor, assembled on ``root`` (on every rank if None).
+
+        Returns
+        -------
+        array or None
+            Same backend and device as the blocks on ``root``; None on other ranks.
+
+        Raises
+        ------
+        ValueError
+            If ``root`` is not a rank of the grid.
+        """
+        if root is not None and not (isinstance(root, int) and 0 <= root < self.grid.size):
+            raise ValueError(f"root={root!r} must be a rank in 0..{self.grid.size - 1} or None")
+        return gather_block(self.local, self.grid, self.layout, root)
+
+    def redistribute(self, split: object) -> DistTensor:
+        """Collective over grid. The same tensor in another layout, moved in one all-to-all.
+
+        Parameters
+        ----------
+        split : split specification or Layout
+            Target split (balanced blocks), or a full target :class:`Layout`.
+
+        Returns
+        -------
+        DistTensor
+            A new tensor; ``self`` is unchanged. Ranks send only the elements whose owner
+            changes.
+
+        Raises
+        ------
+        ValueError
+            If the target split is invalid or the layout is for another tensor or grid.
+        """
+        target = split if isinstance(split, Layout) else self.layout.with_split(split)
+        if target.global_shape != self.global_shape or target.grid_dims != self.grid.dims:
+            raise ValueError(f"cannot redistribute {self.layout} to {target}: shape and grid must match")
+        if target == self.layout:
+            return self._new(self.local, target)
+        return self._new(redistribute_block(self.local, self.grid, self.layout, target), target)
+
+    # ------------------------------------------------------------------ reductions
+    def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdims: bool) -> DistTensor:
+        local, layout = reduce_block(self.local, self.grid, self.layout, op, axis, keepdims)
+        return self._new(local, layout)
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
+        """Collective over grid. Sum over ``axis`` (all dims if None).
+
+        Returns
+        -------
+        DistTensor
+            Reduced dims are removed (kept with size 1 if ``keepdims``); the result is
+            replicated along the grid axes that split them.
+        """
+        return self._reduce("sum", axis, keepdims)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
+        """Collective over grid. Maximum over ``axis``; layout as for :meth:`sum`."""
+        self._check_nonempty(axis, "max")
+        return self._reduce("max", axis, keepdims)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
+        """Collective over grid. Minimum over ``axis``; layout as for :meth:`sum`."""
+        self._check_nonempty(axis, "min")
+        return self._reduce("min", axis, keepdims)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
+        """Collective over grid. Mean over ``axis``; layout as for :meth:`sum`.
+
+        Integer tensors give float64 (float32 stays float32)."""
+        axes = normalize_axes(axis, self.ndim)
+        count = math.prod(self.global_shape[d] for d in axes)
+        src = self
+        if backend_name(self.local) == "torch":
+            if not (self.local.dtype.is_floating_point or self.local.dtype.is_complex):
+                src = self.astype("float64")
+        elif np.dtype(self.dtype).kind in "biu":
+            src = self.astype("float64")
+        return src._reduce("sum", axes, keepdims) / count
+
+    def norm(self) -> DistTensor:
+        """Collective over grid. Frobenius (2-) norm of the whole tensor, as a replicated 0-d tensor."""
+        x = self.local
+        sq = (x.abs() ** 2) if backend_name(x) == "torch" else abs(x) ** 2
+        total = self._new(sq).sum()
+        root = total.local ** 0.5
+        return total._new(root)
+
+    def _check_nonempty(self, axis: int | Sequence[int] | None, what: str) -> None:
+        axes = normalize_axes(axis, self.ndim)
+        if any(self.global_shape[d] == 0 for d in axes):
+            raise ValueError(f"{what} of an empty tensor (shape {self.global_shape}) over axis {axis}")
+
+    # ------------------------------------------------------------------ conversions (local)
+    def astype(self, dtype: object) -> DistTensor:
+        """Local. Same tensor with blocks converted to ``dtype`` (any backend's spelling)."""
+        return self._new(astype(self.local, dtype))
+
+    def to(self, backend: str) -> DistTensor:
+        """Local. Same tensor with blocks on another backend: ``"numpy"``, ``"torch"``, ``"cuda"``, ``"cupy"``."""
+        if backend not in ("numpy", "torch", "cuda", "cupy"):
+            raise ValueError(f"backend must be 'numpy', 'torch', 'cuda' or 'cupy', got {backend!r}")
+        return self._new(convert(self.local, backend))
+
+    def copy(self) -> DistTensor:
+        """Local. A deep copy of the local block, same layout."""
+        x = self.local
+        return self._new(x.clone() if backend_name(x) == "torch" else x.copy())
+
+    def item(self) -> Any:
+        """Local. The value of a 0-d (or single-element, replicated) tensor as a Python scalar.
+
+        Raises
+        ------
+        ValueError
+            If the tensor has more than one element or this rank's block is empty.
+        """
+        if self.size != 1 or math.prod(self.local.shape) != 1:
+            raise ValueError(f"item() needs a single-element tensor held on this rank, got shape {self.global_shape}")
+        return self.local.reshape(()).item() if hasattr(self.local, "item") else self.local.reshape(())[()]
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    # ------------------------------------------------------------------ elementwise (local)
+    def _other(self, other: object, op: str) -> Any:
+        if isinstance(other, DistTensor):
+            if other.grid is not self.grid and other.grid.comm != self.grid.comm:
+                raise ValueError(f"'{op}' needs tensors on the same ProcessGrid")
+            if other.layout != self.layout:
+                if other.ndim == 0:
+                    return other.local
+                raise ValueError(
+                    f"'{op}' needs tensors with the same layout, got {self.layout} and {other.layout}; "
+                    f"call other.redistribute(x.layout) first"
+                )
+            return other.local
+        if isinstance(other, (numbers.Number, np.generic)):
+            return other
+        raise TypeError(
+            f"unsupported operand for '{op}': DistTensor and {type(other).__name__} "
+            f"(use a scalar or a DistTensor of the same layout)"
+        )
+
+    def _binary(self, other: object, fn: Callable[[Any, Any], Any], op: str, reflected: bool = False) -> DistTensor:
+        o = self._other(other, op)
+        out = fn(o, self.local) if reflected else fn(self.local, o)
+        return self._new(out)
+
+    def __add__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.add, "+")
+
+    def __radd__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.add, "+", reflected=True)
+
+    def __sub__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.sub, "-")
+
+    def __rsub__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.sub, "-", reflected=True)
+
+    def __mul__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.mul, "*")
+
+    def __rmul__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.mul, "*", reflected=True)
+
+    def __truediv__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.truediv, "/")
+
+    def __rtruediv__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.truediv, "/", reflected=True)
+
+    def __pow__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.pow, "**")
+
+    def __matmul__(self, other: object) -> DistTensor:
+        """Collective over grid. Distributed matrix product, see :func:`hpctp.linalg.matmul`."""
+        from .linalg import matmul  # linalg builds on this module
+
+        if not isinstance(other, DistTensor):
+            raise TypeError(f"'@' needs two DistTensors, got DistTensor and {type(other).__name__}")
+        return matmul(self, other)
+
+    def __neg__(self) -> DistTensor:
+        return self._new(-self.local)
+
+    def __abs__(self) -> DistTensor:
+        return self._new(abs(self.local))

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: every test on 1 rank, then the MPI tests (-m mpi) on 2, 3 and 4
+# ranks (oversubscribed). Each MPI run has a hard timeout, so a deadlock fails the run.
+# Usage: tests/run_all.sh [pytest args, e.g. a test file]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=$VENV/bin/python
+MPIEXEC=$VENV/bin/mpiexec
+MPI_TIMEOUT=${MPI_TIMEOUT:-900}
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+# MPICH: yield the core while polling, so 4 ranks on 2 cores do not spin against each other
+export MPIR_CVAR_ENABLE_HEAVY_YIELD=${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(tests)
+
+echo "=== 1 rank ==="
+timeout "$MPI_TIMEOUT" "$PY" -m pytest -q --with-mpi "${args[@]}"
+for n in 2 3 4; do
+  echo "=== $n ranks ==="
+  timeout "$MPI_TIMEOUT" "$MPIEXEC" -n "$n" tests/rank0_stdout.sh "$PY" -m pytest -q --with-mpi -m mpi "${args[@]}"
+done
