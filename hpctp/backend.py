@@ -233,7 +233,9 @@ def byte_view(x: Array) -> Array:
 
 
 def copy_into(dst: Array, src: Array) -> None:
-    """Local. ``dst[...] = src`` for blocks of the same backend (autograd-free for torch)."""
+    """Local. ``dst[...] = src`` for blocks of the same backend (autograd-free for torch).
+
+    ``dst`` must be a view (index 0-d arrays as ``x[(*slices, ...)]`` so numpy keeps a view)."""
     if is_torch(dst):
         import torch
 

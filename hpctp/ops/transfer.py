@@ -41,12 +41,12 @@ def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout
     recvbuf = empty_bytes(sum(recvcounts), local)
     C.alltoallv(grid.comm, sendbuf, sendcounts, recvbuf, recvcounts)
     for src_sl, dst_sl in plan.local:
-        copy_into(out[dst_sl], local[src_sl])
+        copy_into(out[(*dst_sl, ...)], local[src_sl])
     offset = 0
     for p in sorted(plan.recvs, key=lambda q: q.peer):
         n = p.size * item
         shape = tuple(hi - lo for lo, hi in p.box)
-        copy_into(out[p.slices], from_bytes(recvbuf[offset : offset + n], local.dtype, shape))
+        copy_into(out[(*p.slices, ...)], from_bytes(recvbuf[offset : offset + n], local.dtype, shape))
         offset += n
     return out
 
@@ -84,7 +84,7 @@ def gather_block(local: Array, grid: ProcessGrid, layout: Layout, root: int | No
         if n:
             coords = grid_coords(r, layout.grid_dims)
             block = from_bytes(recvbuf[offset : offset + n], local.dtype, layout.local_shape(coords))
-            copy_into(out[layout.local_slices(coords)], block)
+            copy_into(out[(*layout.local_slices(coords), ...)], block)
         offset += n
     return out
 

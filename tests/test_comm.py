@@ -1,0 +1,104 @@
+"""The comm layer: buffer-based collectives on numpy and torch blocks, counters, agreement on errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import hpctp.comm as C
+from hpctp.testing import assert_all, assert_equal
+
+
+@pytest.mark.mpi
+def test_allreduce_bcast_torch_and_numpy(world: MPI.Intracomm) -> None:
+    size, rank = world.Get_size(), world.Get_rank()
+    for make in (lambda shape, v: np.full(shape, float(v)), lambda shape, v: torch.full(shape, float(v), dtype=torch.float64)):
+        x = make((3, 2), rank + 1)
+        C.allreduce(world, x, "sum")
+        assert_equal(world, np.asarray(x), np.full((3, 2), size * (size + 1) / 2))
+        y = make((4,), rank)
+        C.allreduce(world, y, "max")
+        assert_equal(world, np.asarray(y), np.full(4, size - 1.0))
+        z = make((5,), 7 if rank == size - 1 else -1)
+        C.bcast(world, z, root=size - 1)
+        assert_equal(world, np.asarray(z), np.full(5, 7.0))
+    with pytest.raises(ValueError, match="op must be"):
+        C.allreduce(world, np.zeros(1), "avg")
+
+
+@pytest.mark.mpi
+def test_ibcast_and_point_to_point(world: MPI.Intracomm) -> None:
+    size, rank = world.Get_size(), world.Get_rank()
+    buf = torch.arange(6, dtype=torch.float32) if rank == 0 else torch.zeros(6, dtype=torch.float32)
+    pending = C.ibcast(world, buf, root=0)
+    pending.wait()
+    assert_equal(world, buf.numpy(), np.arange(6, dtype=np.float32))
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send = np.full(3, rank, dtype=np.int64)
+    recv = np.empty(3, dtype=np.int64)
+    reqs = [C.irecv(world, recv, left, tag=5), C.isend(world, send, right, tag=5)]
+    C.waitall(reqs)
+    assert_equal(world, recv, np.full(3, left))
+
+
+@pytest.mark.mpi
+def test_counter_accounting(world: MPI.Intracomm) -> None:
+    size, rank = world.Get_size(), world.Get_rank()
+    world.Set_name("test.world")
+    with C.CommCounter() as c:
+        C.allreduce(world, np.zeros(10), "sum")
+        C.bcast(world, np.zeros(4, dtype=np.float32), root=0)
+    if size == 1:
+        assert_equal(world, (c.bytes_sent, c.bytes_recv, c.calls), (0, 0, {}))
+        return
+    bcast_sent = 16 * (size - 1) if rank == 0 else 0
+    bcast_recv = 0 if rank == 0 else 16
+    assert_equal(world, (c.bytes_sent, c.bytes_recv), (80 + bcast_sent, 80 + bcast_recv))
+    assert_equal(world, c.calls, {"Allreduce": 1, "Bcast": 1})
+    assert_equal(world, c.per_comm["test.world"].bytes_sent, c.bytes_sent)
+
+
+@pytest.mark.mpi
+def test_alltoallv_bytes(world: MPI.Intracomm) -> None:
+    size, rank = world.Get_size(), world.Get_rank()
+    # rank r sends r+1 bytes of value r to every rank
+    send = np.full((rank + 1) * size, rank, dtype=np.uint8)
+    recvcounts = [r + 1 for r in range(size)]
+    recv = np.empty(sum(recvcounts), dtype=np.uint8)
+    with C.CommCounter() as c:
+        C.alltoallv(world, send, [rank + 1] * size, recv, recvcounts)
+    assert_equal(world, recv, np.repeat(np.arange(size, dtype=np.uint8), recvcounts))
+    assert_equal(world, c.bytes_sent, (rank + 1) * (size - 1))
+    assert_equal(world, c.bytes_recv, sum(recvcounts) - (rank + 1))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_raise_if_any_agrees(world: MPI.Intracomm) -> None:
+    rank = world.Get_rank()
+    C.raise_if_any(world, None)  # nobody failed: no exception anywhere
+    err = ValueError(f"bad block on rank {rank}") if rank >= 1 else None
+    with pytest.raises(ValueError, match="bad block on rank 1"):
+        C.raise_if_any(world, err)
+    with pytest.raises(TypeError):
+        C.raise_if_any(world, TypeError("x") if rank == world.Get_size() - 1 else None)
+    assert_all(world, C.all_true(world, True) and not C.all_true(world, rank != 0), "all_true")
+
+
+def test_cuda_aware_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPCTP_CUDA_AWARE", "1")
+    assert C.cuda_aware() and C.cuda_aware_reason()[1] == "HPCTP_CUDA_AWARE=1"
+    monkeypatch.setenv("HPCTP_CUDA_AWARE", "0")
+    assert not C.cuda_aware()
+    monkeypatch.delenv("HPCTP_CUDA_AWARE")
+    assert isinstance(C.cuda_aware(), bool)
+
+
+def test_noncontiguous_buffer_is_rejected() -> None:
+    with pytest.raises(ValueError, match="contiguous"):
+        with C.mpi_buffer(np.zeros((4, 4))[:, 1]):
+            pass
+    with pytest.raises(ValueError, match="contiguous"):
+        with C.mpi_buffer(torch.zeros(4, 4).t()):
+            pass

@@ -1,0 +1,268 @@
+"""DistTensor against numpy on the gathered tensor, on every grid of the current size."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import hpctp
+from hpctp.comm import CommCounter
+from hpctp.layout import Layout
+from hpctp.random import block_normal, block_uniform
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+
+def _splits(ndim: int, grid_ndim: int) -> list[tuple[int | None, ...]]:
+    """Every way to assign distinct grid axes (or None) to the tensor dims."""
+    out = []
+    for combo in itertools.product([None, *range(grid_ndim)], repeat=ndim):
+        used = [g for g in combo if g is not None]
+        if len(used) == len(set(used)):
+            out.append(combo)
+    return out
+
+
+def _global(shape: tuple[int, ...], dtype: str = "float64") -> np.ndarray:
+    n = int(np.prod(shape))
+    return (np.arange(n, dtype=np.float64) * 1.25 - 3.0).astype(dtype).reshape(shape)
+
+
+SHAPES_2D = [(7, 5), (1, 4), (3, 1), (0, 3), (10, 2)]
+
+
+@pytest.mark.mpi
+def test_distribute_gather_roundtrip_1d(grid1d: hpctp.ProcessGrid) -> None:
+    for n in (10, 3, 1, 0, 17):
+        a = _global((n,))
+        x = hpctp.distribute(a if grid1d.rank == 0 else None, grid1d, (0,))
+        start, stop = hpctp.block_range(n, grid1d.size, grid1d.rank)
+        assert_equal(grid1d, x.local, a[start:stop], f"local block of n={n}")
+        got = x.gather(root=0)
+        assert_all(grid1d, (got is None) == (grid1d.rank != 0), "only root gets the gather")
+        if grid1d.rank == 0:
+            np.testing.assert_array_equal(got, a)
+        assert_equal(grid1d, x.gather(root=None), a)
+
+
+@pytest.mark.mpi
+def test_distribute_gather_roundtrip_2d_all_splits(grid2d: hpctp.ProcessGrid) -> None:
+    root = grid2d.size - 1
+    for shape in SHAPES_2D:
+        a = _global(shape)
+        for split in _splits(2, 2):
+            x = hpctp.distribute(a if grid2d.rank == root else None, grid2d, split, root=root)
+            assert_equal(grid2d, x.local, a[x.local_slices], f"{shape} split={split}")
+            assert_equal(grid2d, x.gather(root=None), a, f"{shape} split={split}")
+
+
+@pytest.mark.mpi
+def test_distribute_gather_roundtrip_3d(grid3d: hpctp.ProcessGrid) -> None:
+    a = _global((5, 4, 3))
+    for split in [(0, 1, 2), (2, 0, 1), (None, 2, 0), (1, None, None), (None, None, None)]:
+        x = hpctp.distribute(a if grid3d.rank == 0 else None, grid3d, split)
+        assert_equal(grid3d, x.gather(root=None), a, f"split={split}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "int64", "complex128", "bool", "uint8"])
+def test_roundtrip_dtypes_numpy(grid2d: hpctp.ProcessGrid, dtype: str) -> None:
+    a = _global((6, 5), "float64")
+    a = (a + 1j * a).astype(dtype) if dtype.startswith("complex") else (a > 2).astype(dtype) if dtype == "bool" else a.astype(dtype)
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (1, 0))
+    assert_equal(grid2d, str(x.dtype), dtype)
+    assert_equal(grid2d, x.gather(None), a)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int32, torch.bfloat16])
+def test_roundtrip_torch(grid2d: hpctp.ProcessGrid, dtype: torch.dtype) -> None:
+    a = torch.arange(35, dtype=torch.float64).reshape(7, 5).to(dtype)
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    assert_all(grid2d, isinstance(x.local, torch.Tensor) and x.local.dtype == dtype, "torch blocks keep dtype")
+    got = x.gather(None)
+    assert_all(grid2d, isinstance(got, torch.Tensor) and bool(torch.equal(got, a)), "torch round trip")
+    y = x.redistribute((1, None)).gather(None)
+    assert_all(grid2d, bool(torch.equal(y, a)), "torch redistribute")
+
+
+@pytest.mark.mpi
+def test_redistribute_all_pairs_2d(grid2d: hpctp.ProcessGrid) -> None:
+    for shape in [(7, 5), (2, 9)]:
+        a = _global(shape)
+        splits = _splits(2, 2)
+        for src, dst in itertools.product(splits, splits):
+            x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, src)
+            y = x.redistribute(dst)
+            assert_equal(grid2d, y.split, dst)
+            assert_equal(grid2d, y.local, a[y.local_slices], f"{shape}: {src} -> {dst}")
+
+
+@pytest.mark.mpi
+def test_redistribute_3d(grid3d: hpctp.ProcessGrid) -> None:
+    a = _global((4, 5, 3))
+    splits = [(0, 1, 2), (2, 1, 0), (None, 0, None), (1, None, 2), (None, None, None)]
+    for src, dst in itertools.product(splits, splits):
+        x = hpctp.distribute(a if grid3d.rank == 0 else None, grid3d, src)
+        assert_equal(grid3d, x.redistribute(dst).local, a[Layout(a.shape, grid3d.dims, dst).local_slices(grid3d.coords)])
+
+
+@pytest.mark.mpi
+def test_redistribute_sends_only_what_changes_owner(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global((9, 7))
+    for src, dst in [((0, 1), (1, 0)), ((0, None), (None, 1)), ((None, None), (0, 1)), ((0, 1), (None, None))]:
+        x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, src)
+        with CommCounter() as c:
+            y = x.redistribute(dst)
+        held = np.zeros(a.shape, dtype=bool)
+        held[x.local_slices] = True
+        need = int((~held[y.local_slices]).sum()) * a.itemsize
+        assert_equal(grid2d, c.bytes_recv, need, f"{src}->{dst}: bytes received = bytes changing owner")
+        total = np.array([c.bytes_sent, c.bytes_recv])
+        grid2d.comm.Allreduce(hpctp.comm.collectives.MPI.IN_PLACE, total)
+        assert_equal(grid2d, total[0], total[1], "bytes sent and received balance")
+        assert_all(grid2d, c.calls.get("Alltoallv", 0) == 1 and "Gatherv" not in c.calls, "one all-to-all, no gather")
+
+
+@pytest.mark.mpi
+def test_from_local_balanced_and_uneven(grid2d: hpctp.ProcessGrid) -> None:
+    pr, pc = grid2d.dims
+    r, c = grid2d.coords
+    # simulation-style uneven decomposition: block (r, c) has r+2 rows and c+1 columns
+    rows = [i + 2 for i in range(pr)]
+    cols = [j + 1 for j in range(pc)]
+    shape = (sum(rows), sum(cols))
+    a = _global(shape)
+    r0, c0 = sum(rows[:r]), sum(cols[:c])
+    block = a[r0 : r0 + rows[r], c0 : c0 + cols[c]].copy()
+    x = hpctp.from_local(block, grid2d, (0, 1))
+    assert_equal(grid2d, x.global_shape, shape)
+    assert_all(grid2d, x.local is block, "from_local wraps without copying")
+    assert_equal(grid2d, x.gather(None), a)
+    assert_equal(grid2d, x.redistribute((1, 0)).gather(None), a, "uneven source redistributes")
+    assert_allclose(grid2d, float(x.sum()), a.sum())
+    y = hpctp.from_local(torch.from_numpy(block), grid2d, (0, 1), global_shape=shape)
+    assert_equal(grid2d, y.gather(None).numpy(), a)
+
+
+@pytest.mark.mpi
+def test_from_local_validation(grid2d: hpctp.ProcessGrid) -> None:
+    r, c = grid2d.coords
+    with pytest.raises(ValueError, match="global_shape"):
+        hpctp.from_local(np.zeros((2, 3)), grid2d, (0, 1), global_shape=(1, 1))
+    if grid2d.dims[1] > 1:  # sizes in dim 0 differ between ranks of one grid row: no tiling
+        with pytest.raises(ValueError, match="do not tile"):
+            hpctp.from_local(np.zeros((2 + c, 3)), grid2d, (0, 1))
+    if grid2d.size > 1:
+        with pytest.raises(ValueError, match="not split"):
+            hpctp.from_local(np.zeros((2, 3 + grid2d.rank)), grid2d, (0, None))
+        with pytest.raises(ValueError, match="dtypes"):
+            hpctp.from_local(np.zeros((2, 3), dtype="float32" if grid2d.rank else "float64"), grid2d, (0, 1))
+        with pytest.raises(TypeError, match="numpy.ndarray"):
+            hpctp.from_local([1.0] if grid2d.rank == 1 else np.zeros((1,)), grid2d, (0,) if False else None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="more than one"):
+        hpctp.from_local(np.zeros((2, 3)), grid2d, (0, 0))
+
+
+@pytest.mark.mpi
+def test_reductions_match_numpy(grid2d: hpctp.ProcessGrid) -> None:
+    for shape in [(7, 5), (3, 2), (1, 6)]:
+        a = _global(shape) ** 2 % 7.3 - 2.0
+        for split in [(0, 1), (1, 0), (None, 0), (1, None), (None, None)]:
+            x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, split)
+            for axis in [None, 0, 1, (0, 1), -1]:
+                for keepdims in (False, True):
+                    for name in ("sum", "mean", "max", "min"):
+                        r = getattr(x, name)(axis=axis, keepdims=keepdims)
+                        ref = getattr(np, name)(a, axis=axis, keepdims=keepdims)
+                        what = f"{name}{shape} split={split} axis={axis} keepdims={keepdims}"
+                        assert_equal(grid2d, r.global_shape, np.shape(ref), what)
+                        assert_allclose(grid2d, r.gather(None), ref, rtol=1e-12, atol=1e-13, what=what)
+            assert_allclose(grid2d, float(x.norm()), np.linalg.norm(a), rtol=1e-12)
+
+
+@pytest.mark.mpi
+def test_reduction_result_layout(grid2d: hpctp.ProcessGrid) -> None:
+    x = hpctp.ones((6, 4), grid2d, (0, 1))
+    s0 = x.sum(axis=0)
+    assert_equal(grid2d, (s0.split, s0.global_shape), ((1,), (4,)), "columns stay split over grid axis 1")
+    s1 = x.sum(axis=1, keepdims=True)
+    assert_equal(grid2d, (s1.split, s1.global_shape), ((0, None), (6, 1)))
+    assert_equal(grid2d, x.sum().split, ())
+
+
+@pytest.mark.mpi
+def test_reductions_torch_and_integers(grid2d: hpctp.ProcessGrid) -> None:
+    a = torch.arange(30, dtype=torch.float64).reshape(5, 6).sin()
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    assert_allclose(grid2d, x.sum(1).gather(None).numpy(), a.sum(1).numpy())
+    assert_allclose(grid2d, x.max(0).gather(None).numpy(), a.amax(0).numpy())
+    assert_allclose(grid2d, float(x.mean()), float(a.mean()))
+    i = hpctp.distribute(np.arange(12).reshape(3, 4) if grid2d.rank == 0 else None, grid2d, (1, 0))
+    assert_equal(grid2d, int(i.sum()), 66)
+    assert_allclose(grid2d, float(i.mean()), 5.5)
+    assert_equal(grid2d, int(i.min()), 0)
+
+
+@pytest.mark.mpi
+def test_elementwise(grid2d: hpctp.ProcessGrid) -> None:
+    a, b = _global((5, 4)), _global((5, 4)) ** 2 + 1.0
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    y = hpctp.distribute(b if grid2d.rank == 0 else None, grid2d, (0, 1))
+    cases = {
+        "x+y": (x + y, a + b), "x-y": (x - y, a - b), "x*y": (x * y, a * b), "x/y": (x / y, a / b),
+        "2+x": (2 + x, 2 + a), "2-x": (2 - x, 2 - a), "x*3": (x * 3, a * 3), "1/y": (1 / y, 1 / b),
+        "x**2": (x**2, a**2), "-x": (-x, -a), "abs": (abs(x), abs(a)), "np.float": (np.float64(2) * x, 2 * a),
+        "x*sum": (x * x.sum(), a * a.sum()),
+    }  # fmt: skip
+    for name, (got, ref) in cases.items():
+        assert_allclose(grid2d, got.gather(None), ref, rtol=1e-14, what=name)
+
+
+@pytest.mark.mpi
+def test_bad_input_raises_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    x = hpctp.zeros((4, 4), grid2d, (0, 1))
+    y = hpctp.zeros((4, 4), grid2d, (1, 0))
+    with pytest.raises(ValueError, match="same layout"):
+        x + y
+    with pytest.raises(TypeError, match="unsupported operand"):
+        x + "a"  # type: ignore[operator]
+    with pytest.raises(ValueError, match="out of range"):
+        hpctp.distribute(np.zeros((4, 4)) if grid2d.rank == 0 else None, grid2d, (0, 2))
+    with pytest.raises(ValueError, match="more than one tensor dim"):
+        x.redistribute((1, 1))
+    with pytest.raises(TypeError, match="root rank"):
+        hpctp.distribute(None, grid2d, (0, 1))
+    with pytest.raises(ValueError, match="root"):
+        hpctp.distribute(None, grid2d, (0, 1), root=grid2d.size)
+    with pytest.raises(ValueError, match="axis"):
+        x.sum(axis=2)
+    with hpctp.ProcessGrid(list(grid2d.dims)) as other:
+        z = hpctp.zeros((4, 4), other, (0, 1))
+        with pytest.raises(ValueError, match="same ProcessGrid"):
+            x + z
+
+
+@pytest.mark.mpi
+def test_random_is_grid_independent(grid2d: hpctp.ProcessGrid) -> None:
+    shape = (9, 7)
+    whole = [(0, n) for n in shape]
+    for split in [(0, 1), (1, None), (None, None)]:
+        z = hpctp.random.normal(shape, grid2d, split, seed=42)
+        assert_equal(grid2d, z.gather(None), block_normal(shape, whole, 42), f"normal split={split}")
+        u = hpctp.random.uniform(shape, grid2d, split, seed=5, low=1.0, high=2.0)
+        assert_equal(grid2d, u.gather(None), block_uniform(shape, whole, 5, 1.0, 2.0))
+    t = hpctp.random.normal(shape, grid2d, (0, 1), seed=42, dtype=torch.float32, like="torch")
+    assert_equal(grid2d, t.gather(None).numpy(), block_normal(shape, whole, 42).astype(np.float32))
+
+
+@pytest.mark.mpi
+def test_local_ops_do_not_communicate(grid2d: hpctp.ProcessGrid) -> None:
+    with CommCounter() as c:
+        x = hpctp.random.uniform((6, 6), grid2d, (0, 1), seed=1)
+        y = (x * 2 + 1).astype("float32").to("torch").to("numpy")
+        text = repr(y)
+        hpctp.zeros((3,), grid2d, None)
+    assert_all(grid2d, c.calls == {} and "split=(0, 1)" in text, f"local ops made MPI calls: {c.calls}")

@@ -1,0 +1,135 @@
+"""Pure block math (no MPI): balanced blocks, layouts and redistribution plans."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpctp.layout import (
+    Layout,
+    block_cuts,
+    block_range,
+    grid_coords,
+    grid_rank,
+    owner_of,
+    redistribution_plan,
+)
+
+
+@given(n=st.integers(0, 1000), parts=st.integers(1, 64))
+def test_block_range_balanced_and_tiling(n: int, parts: int) -> None:
+    ranges = [block_range(n, parts, i) for i in range(parts)]
+    sizes = [b - a for a, b in ranges]
+    assert ranges[0][0] == 0 and ranges[-1][1] == n
+    assert all(ranges[i][1] == ranges[i + 1][0] for i in range(parts - 1))
+    assert max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)  # first blocks are the larger ones
+    assert sum(sizes) == n
+
+
+@given(n=st.integers(1, 200), parts=st.integers(1, 20), data=st.data())
+def test_owner_of_finds_the_block(n: int, parts: int, data: st.DataObject) -> None:
+    i = data.draw(st.integers(0, n - 1))
+    cuts = block_cuts(n, parts)
+    b = owner_of(cuts, i)
+    assert cuts[b] <= i < cuts[b + 1]
+
+
+@pytest.mark.parametrize(
+    "args, err",
+    [((-1, 2, 0), ValueError), ((5, 0, 0), ValueError), ((5, 2, 2), ValueError), ((5.0, 2, 0), TypeError)],
+)
+def test_block_range_rejects_bad_input(args: tuple, err: type) -> None:
+    with pytest.raises(err):
+        block_range(*args)
+
+
+@st.composite
+def layouts(draw: st.DrawFn, max_ranks: int = 12) -> Layout:
+    gdims = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
+    axes = draw(st.permutations(list(range(len(gdims))) + [None] * ndim))
+    return Layout(shape, gdims, tuple(axes[:ndim]))
+
+
+def _replica_groups(layout: Layout) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
+    groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for coords in itertools.product(*(range(g) for g in layout.grid_dims)):
+        groups.setdefault(layout.block_index(coords), []).append(coords)
+    return groups
+
+
+@settings(max_examples=200, deadline=None)
+@given(layout=layouts())
+def test_layout_slices_tile_the_global_shape(layout: Layout) -> None:
+    count = np.zeros(layout.global_shape, dtype=int)
+    for coords in itertools.product(*(range(g) for g in layout.grid_dims)):
+        sl = layout.local_slices(coords)
+        assert count[sl].shape == layout.local_shape(coords)
+        if layout.is_primary(coords):
+            count[sl] += 1
+    assert np.all(count == 1)
+    # replicas (same block index) hold the same box; each block has exactly one primary
+    for members in _replica_groups(layout).values():
+        assert len({layout.local_ranges(c) for c in members}) == 1
+        assert sum(layout.is_primary(c) for c in members) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_redistribution_plan_is_exact(data: st.DataObject) -> None:
+    src = data.draw(layouts())
+    axes = data.draw(st.permutations(list(range(len(src.grid_dims))) + [None] * src.ndim))
+    dst = src.with_split(tuple(axes[: src.ndim]))
+    plans = [redistribution_plan(src, dst, r) for r in range(src.nranks)]
+    sent = {(r, p.peer): p.box for r, pl in enumerate(plans) for p in pl.sends}
+    recv = {(p.peer, r): p.box for r, pl in enumerate(plans) for p in pl.recvs}
+    assert sent == recv  # every message has a matching receive with the same box
+    for r, plan in enumerate(plans):
+        me = grid_coords(r, src.grid_dims)
+        cover = np.zeros(dst.local_shape(me), dtype=int)
+        for _, dst_sl in plan.local:
+            cover[dst_sl] += 1
+        for p in plan.recvs:
+            cover[p.slices] += 1
+        assert np.all(cover == 1)  # every destination element arrives exactly once
+        # only elements this rank does not already hold are received
+        mine = np.zeros(src.global_shape, dtype=bool)
+        mine[src.local_slices(me)] = True
+        needed = int((~mine[dst.local_slices(me)]).sum())
+        assert plan.recv_elements == needed
+
+
+def test_layout_validation_messages() -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        Layout((4, 4), (2, 2), (0, 2))
+    with pytest.raises(ValueError, match="more than one tensor dim"):
+        Layout((4, 4), (2, 2), (1, 1))
+    with pytest.raises(ValueError, match="entries"):
+        Layout((4, 4), (2, 2), (0,))
+    with pytest.raises(TypeError):
+        Layout((4, 4), (2, 2), (0, "1"))
+    with pytest.raises(ValueError, match="negative"):
+        Layout((-1, 4), (2, 2), (0, 1))
+    with pytest.raises(ValueError, match="boundaries"):
+        Layout((5,), (2,), (0,), ((0, 6, 5),))
+
+
+def test_custom_cuts_and_balanced_normalisation() -> None:
+    lay = Layout((7,), (3,), (0,), ((0, 1, 5, 7),))
+    assert [lay.local_shape((i,)) for i in range(3)] == [(1,), (4,), (2,)]
+    assert not lay.is_balanced
+    same = Layout((7,), (3,), (0,), (block_cuts(7, 3),))
+    assert same == Layout((7,), (3,), (0,)) and same.is_balanced
+
+
+@given(dims=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
+def test_grid_coords_inverse(dims: list[int], data: st.DataObject) -> None:
+    r = data.draw(st.integers(0, math.prod(dims) - 1))
+    assert grid_rank(grid_coords(r, dims), dims) == r
