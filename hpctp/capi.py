@@ -1,0 +1,434 @@
+"""The Python side of the C/Fortran API (``libhpctp_c``, header ``capi/hpctp.h``).
+
+A simulation code written in C, C++ or Fortran links ``libhpctp_c``, which embeds Python
+and calls the functions here:
+
+=====================  ======================================================
+C                      Python
+=====================  ======================================================
+``hpctp_init``         :func:`init` (builds the :class:`~hpctp.ProcessGrid`)
+``hpctp_load``         :func:`load` (``"package.module:factory"`` + checkpoint)
+``hpctp_infer[_f]``    :func:`infer` on the caller's memory, in place
+``hpctp_grid``         :func:`grid_info`
+``hpctp_finalize``     :func:`finalize`
+=====================  ======================================================
+
+They work from Python as well (that is how the multi-rank tests drive them). The state (one
+grid, one model) belongs to the process: :func:`init` creates it, :func:`finalize` frees it.
+
+Model contract (what ``hpctp_load`` expects): ``factory(grid, checkpoint)`` is called on
+every rank of the grid, with ``checkpoint`` a path or ``None``, and returns an object with
+``__call__(x: DistTensor) -> DistTensor`` whose result has the input's layout. The factory and the
+model are collective: they must raise on every rank, or on none (use
+:func:`hpctp.comm.raise_if_any`), because a rank that raises while the others communicate
+leaves them waiting. The model must not keep references to its input after the call: the
+input is the simulation's own memory.
+
+Every error that only some ranks can see (a bad pointer, wrong offsets, a missing file, an
+exception in the model) is agreed on collectively, so every rank returns the same error and
+none is left waiting.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from mpi4py import MPI
+
+from . import comm as C
+from .backend import to_numpy
+from .comm import ProcessGrid
+from .factories import from_local
+from .tensor import DistTensor
+
+__all__ = ["DemoModel", "Model", "demo_model", "finalize", "grid_info", "infer", "init", "load"]
+
+_MAX_NDIM = 32
+_DTYPES = ("float64", "float32")
+
+
+class Model(Protocol):
+    """Local. What ``hpctp_load``'s factory returns: a callable mapping a DistTensor to one of the same layout."""
+
+    def __call__(self, x: DistTensor) -> DistTensor: ...
+
+
+@dataclass
+class _State:
+    grid: ProcessGrid
+    model: Model | None = None
+    model_name: str = ""
+
+
+_state: _State | None = None
+
+
+def _require_state() -> _State:
+    if _state is None:
+        raise RuntimeError("hpctp is not initialised on this process: call hpctp_init (hpctp.capi.init) first")
+    return _state
+
+
+def init(comm: MPI.Intracomm | int, dims: int | Sequence[int] = 2) -> ProcessGrid:
+    """Collective over grid. Build the process grid (on the ranks of ``comm``) used by :func:`infer`.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm or int
+        The simulation's communicator, or its Fortran handle (``MPI_Comm_c2f`` in C): it
+        is duplicated, never freed, and MPI stays owned by the caller.
+    dims : int or sequence of int
+        Grid shape; entries of 0 (or a plain int ``n``: an ``n``-D grid) are chosen by MPI.
+        Grid ranks equal the ranks in ``comm`` and their coordinates are row-major; the
+        blocks passed to :func:`infer` must follow this order (see :func:`grid_info`).
+
+    Returns
+    -------
+    ProcessGrid
+
+    Raises
+    ------
+    RuntimeError
+        If already initialised (call :func:`finalize` first).
+    TypeError
+        If ``comm`` is not an intracommunicator.
+    ValueError
+        If ``dims`` does not fit the communicator size. Every error is raised on every rank.
+    """
+    global _state
+    if _state is not None:
+        raise RuntimeError("hpctp_init was called twice; call hpctp_finalize first")
+    c: object = comm
+    if isinstance(comm, (int, np.integer)) and not isinstance(comm, bool):
+        c = MPI.Intracomm.f2py(int(comm))
+    if not isinstance(c, MPI.Intracomm) or c == MPI.COMM_NULL:
+        raise TypeError(f"comm must be a valid intracommunicator, got {comm!r}")
+    if c.Is_inter():
+        raise TypeError("comm is an intercommunicator; hpctp needs an intracommunicator")
+    spec: int | list[int]
+    if isinstance(dims, bool):
+        raise TypeError(f"dims must be an int or a sequence of ints, got {dims!r}")
+    if isinstance(dims, (int, np.integer)):
+        spec = int(dims)
+    else:
+        spec = [int(d) for d in dims]
+    grid = ProcessGrid(spec, c)
+    _state = _State(grid)
+    return grid
+
+
+def grid_info() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Local. The grid's dims and this rank's coordinates (row-major in the grid rank).
+
+    Returns
+    -------
+    tuple
+        ``(dims, coords)``.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` has not been called.
+    """
+    grid = _require_state().grid
+    return grid.dims, grid.coords
+
+
+def load(model: str, checkpoint: str | None = None) -> None:
+    """Collective over grid. Make the model that :func:`infer` applies.
+
+    Parameters
+    ----------
+    model : str
+        ``"package.module:factory"``; ``factory(grid, checkpoint)`` returns a :class:`Model`.
+        The built-in ``"hpctp.capi:demo_model"`` is a deterministic test model.
+    checkpoint : str or None
+        Path handed to the factory (``None`` or ``""``: none).
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` has not been called (local).
+    ValueError
+        If ``model`` is not of the form ``"module:factory"``.
+    Exception
+        Whatever the import or the factory raised on the lowest failing rank, raised on
+        every rank (as its type when it is a ValueError, TypeError, ... else RuntimeError).
+    """
+    state = _require_state()
+    grid = state.grid
+    state.model = None  # a failing load leaves no model behind
+    error: Exception | None = None
+    factory: Any = None
+    try:
+        mod_name, sep, attr = str(model).partition(":")
+        if not sep or not mod_name or not attr:
+            raise ValueError(f"model={model!r} must be 'package.module:factory'")
+        module = importlib.import_module(mod_name)
+        factory = module
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+        if not callable(factory):
+            raise TypeError(f"model={model!r}: {attr} is a {type(factory).__name__}, not a callable")
+    except Exception as e:  # any import problem, on any rank, becomes a collective error
+        error = e if isinstance(e, (ValueError, TypeError)) else RuntimeError(f"{type(e).__name__}: {e}")
+    C.raise_if_any(grid.comm, error)
+    obj: Any = None
+    try:
+        obj = factory(grid, checkpoint or None)
+        if not callable(obj):
+            raise TypeError(f"model factory {model!r} returned a {type(obj).__name__}, which is not callable")
+    except Exception as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
+    state.model = obj
+    state.model_name = str(model)
+
+
+def infer(
+    block: np.ndarray,
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int | None] | None = None,
+) -> None:
+    """Collective over grid. Apply the loaded model to the blocks held by the ranks, in place.
+
+    Parameters
+    ----------
+    block : numpy.ndarray
+        This rank's block of the global field: writeable, C-contiguous, float32 or float64.
+        It is wrapped without copying and overwritten with the model's output.
+    global_offsets : sequence of int
+        Global index of the block's first element per dimension. Must equal the offsets
+        implied by the block sizes in grid order (checked).
+    global_shape : sequence of int
+        Shape of the global field (same on every rank).
+    split : sequence of (int or None), optional
+        Grid axis dividing each dimension (``None`` or ``-1``: not divided). Default:
+        dimension ``d`` over grid axis ``d`` for ``d < grid.ndim``, the rest not divided.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` has not been called (local), or no model is loaded.
+    ValueError, TypeError
+        On inconsistent arguments, on any rank; raised on every rank, with ``block`` unchanged.
+    Exception
+        What the model raised (on every rank; the block is unchanged unless the model wrote
+        to its input).
+    """
+    _infer(block, global_offsets, global_shape, split, None)
+
+
+def _infer_c(
+    buffer: memoryview | None,
+    dtype: str,
+    local_shape: Sequence[int],
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int] | None,
+    error: str | None,
+) -> None:
+    """Local. The entry point of ``hpctp_infer``: wrap the caller's memory, then :func:`infer`.
+
+    ``error`` is a problem the C layer found on this rank (e.g. a NULL pointer); it is
+    agreed on collectively like every other error.
+    """
+    block: np.ndarray | None = None
+    err: Exception | None = ValueError(error) if error else None
+    if err is None:
+        try:
+            if dtype not in _DTYPES:
+                raise TypeError(f"unsupported dtype {dtype!r}")
+            shape = tuple(int(n) for n in local_shape)
+            if buffer is None:
+                raise ValueError("no data buffer")
+            block = np.frombuffer(buffer, dtype=dtype)  # zero-copy, writeable
+            if block.size != math.prod(shape):
+                raise ValueError(f"buffer holds {block.size} elements but local_shape={shape}")
+            block = block.reshape(shape)
+        except (TypeError, ValueError) as e:
+            err = e
+    try:
+        _infer(block, global_offsets, global_shape, split, err)
+    finally:
+        del block  # drop every view of the caller's memory before returning to C
+
+
+def _normalize_split_arg(split: Sequence[int | None] | None, ndim: int, grid_ndim: int) -> list[int | None]:
+    if split is None:
+        return [d if d < grid_ndim else None for d in range(ndim)]
+    sp: list[int | None] = []
+    for d, s in enumerate(split):
+        if s is None or (not isinstance(s, bool) and int(s) == -1):
+            sp.append(None)
+        elif isinstance(s, bool) or not 0 <= int(s) < grid_ndim:
+            raise ValueError(f"split[{d}]={s!r} is not a grid axis (0..{grid_ndim - 1}) or -1 (not divided)")
+        else:
+            sp.append(int(s))
+    if len(sp) != ndim:
+        raise ValueError(f"split has {len(sp)} entries but the data has {ndim} dims")
+    return sp
+
+
+def _infer(
+    block: np.ndarray | None,
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int | None] | None,
+    error: Exception | None,
+) -> None:
+    state = _require_state()
+    grid = state.grid
+    # 1. this rank's own checks, agreed on collectively
+    info = [-1] * (1 + 2 * _MAX_NDIM)
+    if error is None:
+        try:
+            if state.model is None:
+                raise RuntimeError("no model loaded: call hpctp_load (hpctp.capi.load) first")
+            if not isinstance(block, np.ndarray):
+                raise TypeError(f"block must be a numpy array, got {type(block).__name__}")
+            if block.dtype not in (np.float64, np.float32):
+                raise TypeError(f"block dtype must be float64 or float32, got {block.dtype}")
+            if not (block.flags.c_contiguous and block.flags.writeable):
+                raise ValueError("block must be C-contiguous and writeable (the result is written into it)")
+            ndim = block.ndim
+            if not 1 <= ndim <= _MAX_NDIM:
+                raise ValueError(f"ndim={ndim} must be in 1..{_MAX_NDIM}")
+            offs = [int(o) for o in global_offsets]
+            gshape = [int(n) for n in global_shape]
+            if len(offs) != ndim or len(gshape) != ndim:
+                raise ValueError(
+                    f"global_offsets ({len(offs)} entries) and global_shape ({len(gshape)}) need one entry "
+                    f"per dim of the {ndim}-D block"
+                )
+            sp = _normalize_split_arg(split, ndim, grid.ndim)
+            info = [ndim] + gshape + [0] * (_MAX_NDIM - ndim) + [-1 if s is None else s for s in sp]
+            info += [-2] * (_MAX_NDIM - ndim)
+        except (TypeError, ValueError, RuntimeError) as e:
+            error = e
+    C.raise_if_any(grid.comm, error)
+    # 2. the same ndim, global shape and split everywhere (the same table on every rank)
+    table = C.allgather_ints(grid.comm, info)
+    bad = [r for r in range(grid.size) if not np.array_equal(table[r], table[0])]
+    if bad:
+        raise ValueError(
+            f"ndim, global_shape or split differ between ranks 0 and {bad[0]}: "
+            f"{_describe(table[0])} vs {_describe(table[bad[0]])}"
+        )
+    if block is None:  # unreachable: step 1 failed on this rank otherwise
+        raise RuntimeError("internal error: no block after a successful check")
+    # 3. wrap the blocks (collective; checks that they tile global_shape)
+    x = from_local(block, grid, sp, gshape)
+    if tuple(offs) != x.local_offsets:
+        error = ValueError(
+            f"rank {grid.rank} (grid coords {grid.coords}): global_offsets={tuple(offs)} but the block sizes "
+            f"place this block at {x.local_offsets}; ranks must hold the blocks in grid order (grid rank = "
+            f"rank in the communicator, row-major coordinates, see hpctp_grid)"
+        )
+    C.raise_if_any(grid.comm, error)
+    # 4. the model, its errors agreed on
+    out: np.ndarray | None = None
+    try:
+        y = state.model(x)  # type: ignore[misc]
+        if not isinstance(y, DistTensor):
+            raise TypeError(f"model {state.model_name!r} returned {type(y).__name__}, expected a DistTensor")
+        if y.layout != x.layout:
+            raise ValueError(f"model {state.model_name!r} changed the layout: {x.layout} -> {y.layout}")
+        out = to_numpy(y.local)
+        if not np.can_cast(out.dtype, block.dtype, casting="same_kind"):
+            raise TypeError(f"model output dtype {out.dtype} cannot be written into {block.dtype} data")
+    except Exception as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
+    # 5. write back (cannot fail after the checks above)
+    if out is not None and out is not block:
+        np.copyto(block, out, casting="same_kind")
+
+
+def _describe(row: np.ndarray) -> str:
+    ndim = int(row[0])
+    if ndim < 0:
+        return "(invalid)"
+    shape = tuple(int(n) for n in row[1 : 1 + ndim])
+    sp = tuple(None if s == -1 else int(s) for s in row[1 + _MAX_NDIM : 1 + _MAX_NDIM + ndim])
+    return f"global_shape={shape}, split={sp}"
+
+
+def finalize() -> None:
+    """Collective over grid. Drop the model and free the grid (a no-op when not initialised)."""
+    global _state
+    state, _state = _state, None
+    if state is not None:
+        state.model = None
+        state.grid.free()
+
+
+class DemoModel:
+    """Local. The built-in test model: ``y = scale * x + shift * mean(x)`` over the global field.
+
+    Deterministic and collective (the global mean needs every rank's data), so a C test can
+    check the result against numpy on the whole field.
+
+    Parameters
+    ----------
+    scale, shift : float
+    """
+
+    def __init__(self, scale: float = 2.0, shift: float = 1.0) -> None:
+        self.scale = float(scale)
+        self.shift = float(shift)
+
+    def __call__(self, x: DistTensor) -> DistTensor:
+        """Collective over grid. Apply the model.
+
+        Parameters
+        ----------
+        x : DistTensor
+
+        Returns
+        -------
+        DistTensor
+            Same layout and dtype as ``x``.
+        """
+        return x * self.scale + x.mean() * self.shift
+
+
+def demo_model(grid: ProcessGrid, checkpoint: str | None = None) -> DemoModel:
+    """Collective over grid. Factory of :class:`DemoModel` (``hpctp_load("hpctp.capi:demo_model", ...)``).
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    checkpoint : str or None
+        Optional ``.npy`` file holding ``[scale, shift]`` (float64), read on rank 0 without
+        pickle and broadcast; default ``scale=2, shift=1``.
+
+    Returns
+    -------
+    DemoModel
+
+    Raises
+    ------
+    OSError, ValueError
+        If the checkpoint cannot be read or does not hold two numbers (on every rank).
+    """
+    params = np.array([2.0, 1.0])
+    error: Exception | None = None
+    if checkpoint and grid.rank == 0:
+        try:
+            raw = np.asarray(np.load(checkpoint, allow_pickle=False), dtype=np.float64).reshape(-1)
+            if raw.shape != (2,):
+                raise ValueError(f"{checkpoint}: expected 2 values [scale, shift], found {raw.size}")
+            params[:] = raw
+        except (OSError, ValueError, TypeError) as e:
+            error = e
+    if checkpoint:
+        C.raise_if_any(grid.comm, error)
+        C.bcast(grid.comm, params, root=0)
+    return DemoModel(float(params[0]), float(params[1]))

@@ -1,0 +1,369 @@
+"""The C/Fortran entry point: libhpctp_c built with CMake, driven from C, Fortran and Python.
+
+* Build tests (1-rank pass): configure + build with CMake (-Wall -Wextra -Werror), run the C
+  example, the C error-path check and (when gfortran exists) the Fortran check under
+  ``mpiexec``, and compare their numbers with numpy on the whole field.
+* ``hpctp.capi`` tests (every pass, ``-m mpi``): the Python side on 1..4 ranks, including
+  errors seen by one rank only, which must come back on every rank.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpctp
+from hpctp import capi
+from hpctp.testing import assert_all, assert_allclose
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+NX, NY = 37, 23  # apps/c_example/main.c
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+    env.pop("HPCTP_PYTHON", None)  # the library must find the venv's python by itself
+    return env
+
+
+def _c_compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+# ---------------------------------------------------------------------------------- CMake build
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed (needed to build libhpctp_c)")
+    if _c_compiler() is None:
+        pytest.skip("no C compiler (cc/gcc/clang) found (needed to build libhpctp_c)")
+    bdir = tmp_path_factory.mktemp("capi_build")
+    t0 = time.perf_counter()
+    cfg = subprocess.run(
+        ["cmake", "-S", str(ROOT), "-B", str(bdir), f"-DPython3_EXECUTABLE={sys.executable}",
+         "-DHPCTP_WERROR=ON", "-DCMAKE_BUILD_TYPE=RelWithDebInfo"],
+        capture_output=True, text=True, timeout=300, env=_env(),
+    )  # fmt: skip
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    bld = subprocess.run(
+        ["cmake", "--build", str(bdir), "-j", "2"], capture_output=True, text=True, timeout=300, env=_env()
+    )
+    assert bld.returncode == 0, bld.stdout + bld.stderr  # -Werror: also -Wall -Wextra clean
+    assert "warning" not in (bld.stdout + bld.stderr).lower(), bld.stdout + bld.stderr
+    print(f"libhpctp_c configured and built in {time.perf_counter() - t0:.1f} s")
+    return bdir
+
+
+def _mpirun(n: int, *args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MPIEXEC, "-n", str(n), *args], capture_output=True, text=True, timeout=timeout, env=_env(), cwd=cwd
+    )
+
+
+def _field() -> np.ndarray:
+    i, j = np.meshgrid(np.arange(NX), np.arange(NY), indexing="ij")
+    return np.sin(0.1 * i) * np.cos(0.07 * j) + 0.001 * (i * j) - 0.5
+
+
+def test_c_example_matches_numpy(build: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.npy"
+    np.save(ckpt, np.array([3.0, -0.5]), allow_pickle=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    exe = build / "apps" / "c_example" / "c_example"
+    proc = _mpirun(4, str(exe), str(out), "hpctp.capi:demo_model", str(ckpt), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    f = _field()
+    want = 3.0 * f - 0.5 * f.mean()
+    got = np.full((NX, NY), np.nan)
+    got32 = np.full((NX, NY), np.nan, dtype=np.float32)
+    seen = np.zeros((NX, NY), dtype=int)
+    blocks = []
+    for r in range(4):
+        raw = (out / f"rank{r}.bin").read_bytes()
+        o0, o1, n0, n1, gx, gy = (int(v) for v in np.frombuffer(raw[:48], dtype=np.int64))
+        assert (gx, gy) == (NX, NY)
+        n = n0 * n1
+        assert len(raw) == 48 + 12 * n
+        sl = (slice(o0, o0 + n0), slice(o1, o1 + n1))
+        got[sl] = np.frombuffer(raw[48 : 48 + 8 * n], dtype=np.float64).reshape(n0, n1)
+        got32[sl] = np.frombuffer(raw[48 + 8 * n :], dtype=np.float32).reshape(n0, n1)
+        seen[sl] += 1
+        blocks.append((o0, o1, n0, n1))
+    assert (seen == 1).all()  # the blocks tile the field exactly once
+    # the example's own uneven decomposition on a 2x2 grid (triangular cuts), not hpctp's balanced one
+    assert blocks == [(0, 0, 12, 7), (0, 7, 12, 16), (12, 0, 25, 7), (12, 7, 25, 16)]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(got32, want, rtol=1e-5, atol=2e-6)
+    m = re.search(r"checksum (\S+)", proc.stdout)
+    assert m is not None, proc.stdout
+    assert float(m.group(1)) == pytest.approx(want.sum(), rel=1e-12, abs=1e-10)
+
+
+# step -> (return code, text in every rank's message); see capi/tests/check_errors.c (3 ranks)
+_EXPECTED = {
+    "infer_before_init": (2, "not initialised"),
+    "init_bad_dims": (1, "grid dims (4, 1) hold 4 ranks but the communicator has 3"),
+    "init_bad_ndim": (3, "ndim=0 must be in 1..32"),
+    "init": (0, ""),
+    "init_twice": (2, "already initialised"),
+    "grid": (0, ""),
+    "infer_no_model": (1, "no model loaded"),
+    "load_no_module": (1, "No module named 'hpctp_no_such_module'"),
+    "load_bad_spec": (1, "model='hpctp.capi' must be 'package.module:factory'"),
+    "load_no_attr": (1, "has no attribute 'no_such_factory'"),
+    "load_missing_checkpoint": (1, "No such file or directory: '/nonexistent/ckpt.npy'"),
+    "load": (0, ""),
+    "infer_bad_offsets": (
+        1,
+        "rank 2 (grid coords (2,)): global_offsets=(34,) but the block sizes place this block at (33,)",
+    ),
+    "infer_null_shape": (1, "local_shape is NULL"),
+    "infer_bad_global_shape": (1, "global_shape=(51,)"),
+    "infer_bad_split": (1, "split[0]=3 is not a grid axis"),
+    "infer_bad_ndim": (1, "ndim=0 must be in 1..32"),
+    "infer": (0, ""),
+    "finalize": (0, ""),
+    "finalize_again": (0, ""),
+    "init_after_finalize": (2, "cannot be initialised again"),
+    "load_after_finalize": (2, "not initialised"),
+}
+# errors seen by one rank only: the others report that rank
+_SEEN_BY = {"init_bad_ndim": 2, "load_bad_spec": 0, "infer_bad_offsets": 2, "infer_null_shape": 0, "infer_bad_ndim": 0}
+
+
+def test_c_error_paths_agree_on_every_rank(build: Path, tmp_path: Path) -> None:
+    proc = _mpirun(3, str(build / "hpctp_c_errors"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps: dict[tuple[str, int], tuple[int, str]] = {}
+    for m in re.finditer(r"^step=(\S+) rank=(\d+) rc=(-?\d+) msg=(.*)$", proc.stdout, re.M):
+        steps[(m.group(1), int(m.group(2)))] = (int(m.group(3)), m.group(4))
+    for name, (rc, text) in _EXPECTED.items():
+        for r in range(3):
+            assert (name, r) in steps, f"step {name} missing on rank {r}:\n{proc.stdout}\n{proc.stderr}"
+            got_rc, msg = steps[(name, r)]
+            assert got_rc == rc, (name, r, got_rc, msg)
+            assert text in msg, (name, r, msg)
+            if name in _SEEN_BY:
+                assert ("(reported by rank" in msg) == (r != _SEEN_BY[name]), (name, r, msg)
+    assert len(steps) == 3 * len(_EXPECTED)
+    grids = re.findall(r"^grid rank=(\d+) ndim=(\d+) dims=(\d+) coords=(\d+)$", proc.stdout, re.M)
+    assert sorted((int(r), int(nd), int(d), int(c)) for r, nd, d, c in grids) == [(r, 1, 3, r) for r in range(3)]
+    values = re.findall(r"^value rank=(\d+) maxerr=(\S+) n=(\d+)$", proc.stdout, re.M)
+    assert sorted(int(r) for r, _, _ in values) == [0, 1, 2]
+    assert sum(int(n) for _, _, n in values) == 50
+    assert max(float(e) for _, e, _ in values) <= 1e-12
+
+
+def test_fortran_module(build: Path, tmp_path: Path) -> None:
+    exe = build / "hpctp_f_check"
+    if not exe.exists():
+        pytest.skip("no Fortran compiler: the optional Fortran module was not built")
+    proc = _mpirun(4, str(exe), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = re.findall(
+        r"^fortran coords=(\d+),(\d+) init=(\d+) maxerr=\s*(\S+) maxerrf=\s*(\S+) bad=(\d+) before=(\d+) "
+        r"before_msg=(.*) bad_msg=(.*)$",
+        proc.stdout,
+        re.M,
+    )
+    assert sorted((int(a), int(b)) for a, b, *_ in lines) == [(0, 0), (0, 1), (1, 0), (1, 1)], proc.stdout
+    for _, _, init, err, errf, bad, before, before_msg, bad_msg in lines:
+        assert int(init) == 0
+        assert 0 <= float(err) <= 1e-12  # the Fortran-order field went through hpctp unchanged in meaning
+        assert 0 <= float(errf) <= 2e-6
+        assert int(before) == 2 and "not initialised" in before_msg
+        assert int(bad) == 1 and "do not tile" in bad_msg
+
+
+@pytest.mark.skipif(not sysconfig.get_config_var("Py_ENABLE_SHARED"), reason="needs a shared libpython")
+def test_c_api_inside_a_running_python(build: Path) -> None:
+    """The library called through ctypes from this (already running) Python: no second interpreter."""
+    lib = ctypes.CDLL(str(build / "libhpctp_c.so"))
+    lib.hpctp_last_error.restype = ctypes.c_char_p
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    lib.hpctp_init_f.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.hpctp_load.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.hpctp_infer.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int, i64p, i64p, i64p, ctypes.c_void_p]
+    assert lib.hpctp_init_f(MPI.COMM_WORLD.py2f(), None, 2) == 0, lib.hpctp_last_error()
+    try:
+        assert lib.hpctp_load(b"hpctp.capi:no_such_factory", None) == 1
+        assert b"no attribute 'no_such_factory'" in lib.hpctp_last_error()
+        assert lib.hpctp_load(b"hpctp.capi:demo_model", None) == 0, lib.hpctp_last_error()
+        x = np.arange(12.0).reshape(3, 4)
+        shape = (ctypes.c_int64 * 2)(3, 4)
+        zero = (ctypes.c_int64 * 2)(0, 0)
+        ptr = x.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
+        assert lib.hpctp_infer(ptr, 2, shape, zero, shape, None) == 0, lib.hpctp_last_error()
+        np.testing.assert_allclose(x, 2 * np.arange(12.0).reshape(3, 4) + 5.5, rtol=1e-15)
+        bad = (ctypes.c_int64 * 2)(0, 1)
+        assert lib.hpctp_infer(ptr, 2, shape, bad, shape, None) == 1
+        assert b"global_offsets=(0, 1)" in lib.hpctp_last_error()
+    finally:
+        assert lib.hpctp_finalize() == 0, lib.hpctp_last_error()
+    assert capi._state is None  # the Python side was released; this interpreter keeps running
+
+
+# ---------------------------------------------------------------------------------- hpctp.capi
+@pytest.fixture
+def session(grid2d: hpctp.ProcessGrid, world: MPI.Intracomm):  # type: ignore[no-untyped-def]
+    """hpctp.capi initialised on the world with the dims of ``grid2d``; finalised afterwards."""
+    grid = capi.init(world.py2f(), grid2d.dims)  # the Fortran handle, as the C layer passes it
+    yield grid
+    capi.finalize()
+
+
+def _cut(n: int, p: int, c: int) -> int:
+    return n * c * (c + 1) // (p * (p + 1))
+
+
+def _my_block(grid: hpctp.ProcessGrid, shape: tuple[int, ...], split: tuple[int | None, ...]):  # type: ignore[no-untyped-def]
+    """This rank's (offsets, slices) in an uneven decomposition of its own (triangular cuts)."""
+    offs, sls = [], []
+    for n, s in zip(shape, split, strict=True):
+        if s is None:
+            lo, hi = 0, n
+        else:
+            p, c = grid.dims[s], grid.coords[s]
+            lo, hi = _cut(n, p, c), _cut(n, p, c + 1)
+        offs.append(lo)
+        sls.append(slice(lo, hi))
+    return tuple(offs), tuple(sls)
+
+
+def _global(shape: tuple[int, ...]) -> np.ndarray:
+    return np.cos(0.3 * np.arange(int(np.prod(shape)))).reshape(shape) + 0.25
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(
+    ("shape", "split"), [((13, 9), (0, 1)), ((13, 9), (1, 0)), ((11, 6, 4), (0, None, 1)), ((10, 7), (None, 1))]
+)
+def test_infer_in_place_matches_numpy(session, shape, split, dtype) -> None:  # type: ignore[no-untyped-def]
+    grid = session
+    capi.load("hpctp.capi:demo_model")
+    full = _global(shape)
+    offs, sls = _my_block(grid, shape, split)
+    block = np.array(full[sls], dtype=dtype)  # a copy: full stays the input
+    addr = block.ctypes.data
+    capi.infer(block, offs, shape, [-1 if s is None else s for s in split])
+    assert block.ctypes.data == addr  # same memory, written in place
+    want = (2 * full + full.mean())[sls]
+    tol = 1e-12 if dtype == "float64" else 2e-6
+    assert_allclose(grid, block, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.mpi
+def test_default_split_and_checkpoint(session) -> None:  # type: ignore[no-untyped-def]
+    grid = session
+    with tempfile.TemporaryDirectory() as d:  # not tmp_path: ranks would race on pytest's cleanup
+        ckpt = Path(d) / "ckpt.npy"  # each rank writes its own; rank 0 reads its own
+        np.save(ckpt, np.array([-1.5, 4.0]), allow_pickle=False)
+        capi.load("hpctp.capi:demo_model", str(ckpt))
+    shape = (9, 5, 3)  # split=None: dims 0, 1 over grid axes 0, 1; dim 2 whole
+    full = _global(shape)
+    offs, sls = _my_block(grid, shape, (0, 1, None))
+    block = full[sls].copy()
+    capi.infer(block, offs, shape)
+    assert_allclose(grid, block, (-1.5 * full + 4.0 * full.mean())[sls], rtol=1e-12, atol=1e-12)
+    assert capi.grid_info() == (grid.dims, grid.coords)
+
+
+@pytest.mark.mpi
+def test_errors_seen_by_one_rank_raise_everywhere(session, world: MPI.Intracomm) -> None:  # type: ignore[no-untyped-def]
+    grid = session
+    last = world.Get_size() - 1
+    shape = (8, 6)
+    full = _global(shape)
+    offs, sls = _my_block(grid, shape, (0, 1))
+    block = full[sls].copy()
+    with pytest.raises(RuntimeError, match="no model loaded"):
+        capi.infer(block, offs, shape, (0, 1))
+    with pytest.raises(RuntimeError, match="No module named 'hpctp_nope'"):
+        capi.load("hpctp_nope:factory")
+    with pytest.raises(FileNotFoundError, match="No such file"):  # only rank 0 reads it
+        capi.load("hpctp.capi:demo_model", "/nonexistent/ckpt.npy")
+    capi.load("hpctp.capi:demo_model")
+    wrong = (offs[0] + (1 if world.Get_rank() == last else 0), offs[1])
+    with pytest.raises(ValueError, match=rf"rank {last} .*global_offsets="):
+        capi.infer(block, wrong, shape, (0, 1))
+    with pytest.raises(TypeError, match="float64 or float32"):
+        capi.infer(block.astype(np.int64) if world.Get_rank() == 0 else block, offs, shape, (0, 1))
+    frozen = block.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="C-contiguous and writeable"):
+        capi.infer(frozen if world.Get_rank() == last else block, offs, shape, (0, 1))
+    if world.Get_size() > 1:
+        with pytest.raises(ValueError, match="differ between ranks"):
+            capi.infer(block, offs, shape, (0, 1) if world.Get_rank() != last else (0, -1))
+    assert_allclose(grid, block, full[sls], rtol=0, atol=0)  # failed calls left the data alone
+    capi.infer(block, offs, shape, (0, 1))
+    assert_allclose(grid, block, (2 * full + full.mean())[sls], rtol=1e-12, atol=1e-12)
+
+
+class _Fails:
+    """A model raising on rank 0 only, before any communication."""
+
+    def __call__(self, x: hpctp.DistTensor) -> hpctp.DistTensor:
+        if x.grid.rank == 0:
+            raise ValueError("model failed on rank 0")
+        return x
+
+
+def fails_on_rank0(grid: hpctp.ProcessGrid, checkpoint: str | None) -> _Fails:
+    return _Fails()
+
+
+def changes_layout(grid: hpctp.ProcessGrid, checkpoint: str | None):  # type: ignore[no-untyped-def]
+    return lambda x: x.sum(axis=1)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("factory", "exc", "text"),
+    [("fails_on_rank0", ValueError, "model failed on rank 0"), ("changes_layout", ValueError, "changed the layout")],
+)
+def test_model_errors_raise_everywhere(session, factory, exc, text) -> None:  # type: ignore[no-untyped-def]
+    grid = session
+    capi.load(f"{__name__}:{factory}")
+    shape = (7, 5)
+    full = _global(shape)
+    offs, sls = _my_block(grid, shape, (0, 1))
+    block = full[sls].copy()
+    with pytest.raises(exc, match=text):
+        capi.infer(block, offs, shape, (0, 1))
+    assert_allclose(grid, block, full[sls], rtol=0, atol=0)
+
+
+@pytest.mark.mpi
+def test_init_and_finalize_states(world: MPI.Intracomm) -> None:
+    with pytest.raises(RuntimeError, match="not initialised"):
+        capi.grid_info()
+    with pytest.raises(ValueError, match="hold"):
+        capi.init(world, (world.Get_size() + 1, 1))
+    grid = capi.init(world, 2)
+    try:
+        assert_all(grid, grid.comm != world and grid.size == world.Get_size(), "the grid works on a duplicate")
+        with pytest.raises(RuntimeError, match="called twice"):
+            capi.init(world, 2)
+    finally:
+        capi.finalize()
+    capi.finalize()  # a no-op
+    assert capi._state is None

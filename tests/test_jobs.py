@@ -1,0 +1,310 @@
+"""Batch job scripts in jobs/: they parse, their scheduler headers ask for one rank per GPU,
+bind_gpu.sh maps node-local ranks to GPUs, and the dry runs print the exact stage commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "jobs"
+BASH = shutil.which("bash") or "/bin/bash"
+STAGES = ("simulate", "train", "evaluate")
+LOCAL_RANK_VARS = (
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "PALS_LOCAL_RANKID",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "PMI_LOCAL_RANK",
+)
+_SCRUB = re.compile(
+    r"^(SLURM_|PBS_|OMPI_|PMI_|PMIX_|MPI_LOCAL|PALS_|MV2_|HYDRA_|CUDA_VISIBLE_DEVICES|HPCTP_|DRY_RUN|CONFIG|DATA|RUNDIR"
+    r"|RESUME|NP$|PPN|NODES|HOSTFILE|MPIEXEC|MPI_FLAVOR|PYTHON$|STAGE_TIMEOUT)"
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The current environment without any scheduler / MPI / job variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not _SCRUB.match(k)}
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+
+
+def _scripts() -> list[Path]:
+    return sorted(p for p in JOBS.iterdir() if p.is_file() and p.suffix in (".sh", ".sbatch", ".pbs"))
+
+
+def _venv_tool(name: str) -> str:
+    p = ROOT / ".venv" / "bin" / name
+    return str(p) if p.exists() else name
+
+
+# ---------------------------------------------------------------------------------- syntax, headers
+def test_every_script_parses_and_is_executable() -> None:
+    scripts = _scripts()
+    names = {p.name for p in scripts}
+    for stage in STAGES:
+        assert {f"slurm_{stage}.sbatch", f"pbs_{stage}.pbs", f"mpirun_{stage}.sh"} <= names
+    assert {"bind_gpu.sh", "common.sh", "mpirun_pipeline.sh", "slurm_pipeline.sh", "pbs_pipeline.sh"} <= names
+    for p in scripts:
+        proc = _run([BASH, "-n", str(p)], _env())
+        assert proc.returncode == 0, f"{p.name}: {proc.stderr}"
+        if p.name != "common.sh":  # sourced, not run
+            assert os.access(p, os.X_OK), f"{p.name} is not executable"
+            assert p.read_text().startswith("#!"), f"{p.name} has no shebang"
+
+
+def _header(path: Path, prefix: str) -> list[str]:
+    """The scheduler directives: the comment block at the top of the script."""
+    lines = path.read_text().splitlines()[1:]
+    out = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        if line.startswith(prefix + " "):
+            out.append(line[len(prefix) + 1 :].strip())
+    return out
+
+
+def _hms(text: str) -> int:
+    h, m, s = (int(v) for v in text.split(":"))
+    assert 0 <= m < 60 and 0 <= s < 60
+    return 3600 * h + 60 * m + s
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_slurm_header(stage: str) -> None:
+    opts = dict(o[2:].split("=", 1) for o in _header(JOBS / f"slurm_{stage}.sbatch", "#SBATCH"))
+    assert int(opts["nodes"]) >= 2  # multi-node
+    assert int(opts["ntasks-per-node"]) >= 1
+    assert opts["gpus-per-task"] == "1"  # one rank per GPU
+    assert int(opts["cpus-per-task"]) >= 1
+    assert _hms(opts["time"]) > 0
+    assert opts["job-name"] == f"hpctp-{stage}"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_pbs_header(stage: str) -> None:
+    lines = _header(JOBS / f"pbs_{stage}.pbs", "#PBS")
+    res: dict[str, str] = {}
+    for line in lines:
+        if line.startswith("-l "):
+            for item in line[3:].split(","):
+                key, _, value = item.partition("=")
+                res[key] = value
+    chunks = res["select"].split(":")
+    assert int(chunks[0]) >= 2  # nodes
+    sel = dict(c.split("=") for c in chunks[1:])
+    assert int(sel["mpiprocs"]) >= 1
+    assert sel["ngpus"] == sel["mpiprocs"]  # one rank per GPU
+    assert _hms(res["walltime"]) > 0
+    assert f"-N hpctp-{stage}" in lines
+
+
+def test_stage_scripts_launch_through_bind_gpu() -> None:
+    for stage in STAGES:
+        for name, launcher in ((f"slurm_{stage}.sbatch", 'srun "${SRUN_ARGS[@]}"'), (f"pbs_{stage}.pbs", '"$MPIEXEC"')):
+            text = (JOBS / name).read_text()
+            assert re.search(rf"hpctp_run {re.escape(launcher)} .*\"\$BIND_GPU\" \"\$\{{HPCTP_CMD\[@\]\}}\"", text), (
+                name
+            )
+            assert f"hpctp_stage_cmd {stage}" in text
+    common = (JOBS / "common.sh").read_text()
+    for var in ("MPICH_GPU_SUPPORT_ENABLED=1", "OMPI_MCA_opal_cuda_support=1", "UCX_TLS=", "HPCTP_CUDA_AWARE"):
+        assert var in common
+
+
+# ---------------------------------------------------------------------------------- bind_gpu.sh
+def _bind(env: dict[str, str]) -> tuple[str, str]:
+    proc = _run(
+        [str(JOBS / "bind_gpu.sh"), "sh", "-c", 'echo "${CUDA_VISIBLE_DEVICES-unset} ${HPCTP_LOCAL_RANK-unset}"'], env
+    )
+    assert proc.returncode == 0, proc.stderr
+    gpu, local = proc.stdout.split()
+    return gpu, local
+
+
+@pytest.mark.parametrize("var", LOCAL_RANK_VARS)
+@pytest.mark.parametrize("local_rank", ["0", "3", "7"])
+def test_bind_gpu_from_each_local_rank_variable(var: str, local_rank: str) -> None:
+    assert _bind(_env(**{var: local_rank})) == (local_rank, local_rank)
+
+
+def test_bind_gpu_rules() -> None:
+    # the first variable of the list wins
+    assert _bind(_env(SLURM_LOCALID="2", OMPI_COMM_WORLD_LOCAL_RANK="5", MPI_LOCALRANKID="6")) == ("2", "2")
+    assert _bind(_env(PALS_LOCAL_RANKID="1", PMI_LOCAL_RANK="4")) == ("1", "1")
+    # a list from the launcher: entry local_rank mod length
+    assert _bind(_env(OMPI_COMM_WORLD_LOCAL_RANK="2", CUDA_VISIBLE_DEVICES="4,5,6,7")) == ("6", "2")
+    assert _bind(_env(OMPI_COMM_WORLD_LOCAL_RANK="5", CUDA_VISIBLE_DEVICES="4,5,6,7")) == ("5", "5")
+    # one GPU already bound (srun --gpus-per-task=1): kept
+    assert _bind(_env(SLURM_LOCALID="3", CUDA_VISIBLE_DEVICES="1")) == ("1", "3")
+    # GPUs per node
+    assert _bind(_env(MPI_LOCALRANKID="6", HPCTP_GPUS_PER_NODE="4")) == ("2", "6")
+    # disabled, or no MPI launcher: untouched
+    assert _bind(_env(SLURM_LOCALID="3", HPCTP_BIND_GPU="0")) == ("unset", "unset")
+    assert _bind(_env()) == ("unset", "unset")
+    assert _bind(_env(CUDA_VISIBLE_DEVICES="2,3")) == ("2,3", "unset")
+    bad = _run([str(JOBS / "bind_gpu.sh"), "true"], _env(SLURM_LOCALID="x1"))
+    assert bad.returncode == 2 and "not a rank number" in bad.stderr
+    # arguments pass through unchanged, exit status too
+    proc = _run(
+        [str(JOBS / "bind_gpu.sh"), sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a b", ""],
+        _env(),
+    )
+    assert proc.returncode == 3 and proc.stdout.strip() == "['a b', '']"
+
+
+def test_bind_gpu_under_mpiexec() -> None:
+    mpiexec = _venv_tool("mpiexec")
+    if shutil.which(mpiexec) is None:
+        pytest.skip("no mpiexec")
+    proc = subprocess.run(
+        [mpiexec, "-n", "3", str(JOBS / "bind_gpu.sh"), "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $HPCTP_LOCAL_RANK"'],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split("\n")[:-1]) == ["0 0", "1 1", "2 2"]  # one node: GPU = local rank
+
+
+# ---------------------------------------------------------------------------------- dry runs
+def _commands(stdout: str) -> list[list[str]]:
+    return [shlex.split(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_mpirun_pipeline_dry_run_prints_the_three_stages(tmp_path: Path) -> None:
+    env = _env(DRY_RUN="1", NP="3", STAGE_TIMEOUT="120", CONFIG="cfg/x.toml", DATA=str(tmp_path / "d" / "data.h5"),
+               RUNDIR=str(tmp_path / "r"))  # fmt: skip
+    proc = _run([str(JOBS / "mpirun_pipeline.sh")], env, cwd=tmp_path)  # run from elsewhere: finds the root
+    assert proc.returncode == 0, proc.stderr
+    cmds = _commands(proc.stdout)
+    python = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else "python3"
+    mpiexec = str(ROOT / ".venv" / "bin" / "mpiexec") if (ROOT / ".venv" / "bin" / "mpiexec").exists() else "mpiexec"
+    prefix = ["timeout", "120", mpiexec, "-n", "3", str(JOBS / "bind_gpu.sh"), python, "-m"]
+    data, rundir = str(tmp_path / "d" / "data.h5"), str(tmp_path / "r")
+    assert cmds == [
+        prefix + ["apps.simulate", "--config", "cfg/x.toml", "--out", data],
+        prefix + ["apps.surrogate", "train", "--config", "cfg/x.toml", "--data", data, "--out", rundir],
+        prefix + ["apps.surrogate", "evaluate", "--config", "cfg/x.toml", "--data", data,
+                  "--checkpoint", rundir + "/checkpoint.h5"],
+    ]  # fmt: skip
+    assert not (tmp_path / "d").exists() and not (tmp_path / "r").exists()  # a dry run touches nothing
+
+
+def test_mpirun_pipeline_defaults() -> None:
+    proc = _run([str(JOBS / "mpirun_pipeline.sh")], _env(DRY_RUN="1"))
+    assert proc.returncode == 0, proc.stderr
+    cmds = _commands(proc.stdout)
+    assert [c[:2] for c in cmds] == [["timeout", "3600"]] * 3
+    assert all(c[3:5] == ["-n", "4"] for c in cmds)
+    assert cmds[0][-4:] == ["--config", "apps/configs/default.toml", "--out", "out/data.h5"]
+    assert cmds[1][-2:] == ["--out", "out/run"] and "--resume" not in cmds[1]
+    assert cmds[2][-2:] == ["--checkpoint", "out/run/checkpoint.h5"]
+
+
+def _train_cmd(tmp_path: Path, **extra: str) -> list[str]:
+    proc = _run([str(JOBS / "mpirun_train.sh")], _env(DRY_RUN="1", RUNDIR=str(tmp_path), **extra))
+    assert proc.returncode == 0, proc.stderr
+    (cmd,) = _commands(proc.stdout)
+    return cmd
+
+
+def test_train_resume(tmp_path: Path) -> None:
+    assert "--resume" not in _train_cmd(tmp_path)  # RESUME=auto, no checkpoint yet
+    (tmp_path / "checkpoint.h5").write_bytes(b"")
+    assert _train_cmd(tmp_path)[-1] == "--resume"  # auto: a checkpoint exists (a restarted job)
+    assert "--resume" not in _train_cmd(tmp_path, RESUME="0")
+    assert _train_cmd(tmp_path / "none", RESUME="1")[-1] == "--resume"
+
+
+def test_slurm_script_run_from_a_copy(tmp_path: Path) -> None:
+    """Slurm runs a copy of the batch script: the root comes from SLURM_SUBMIT_DIR (root or jobs/)."""
+    for stage in STAGES:
+        copy = tmp_path / "slurm_script"
+        shutil.copy(JOBS / f"slurm_{stage}.sbatch", copy)
+        for submit_dir in (ROOT, JOBS):
+            proc = _run([BASH, str(copy)], _env(DRY_RUN="1", SLURM_SUBMIT_DIR=str(submit_dir)), cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            (cmd,) = _commands(proc.stdout)
+            assert cmd[:4] == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores", str(JOBS / "bind_gpu.sh")]
+            module = ["apps.simulate"] if stage == "simulate" else ["apps.surrogate", stage]
+            assert cmd[5 : 6 + len(module)] == ["-m", *module]
+    proc = _run([BASH, str(copy)], _env(DRY_RUN="1", NP="6", SLURM_SUBMIT_DIR=str(ROOT)), cwd=tmp_path)
+    assert _commands(proc.stdout)[0][:5] == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores", "--ntasks=6",
+                                             str(JOBS / "bind_gpu.sh")]  # fmt: skip
+    proc = _run([BASH, str(copy)], _env(DRY_RUN="1"), cwd=tmp_path)  # nowhere to find the root
+    assert proc.returncode != 0 and "set HPCTP_ROOT" in proc.stderr
+
+
+def test_pbs_script_ranks_and_launcher_flags(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("".join(f"n{i}\n" * 4 for i in range(3)))  # 3 nodes x 4 slots
+    copy = tmp_path / "pbs_script"
+    shutil.copy(JOBS / "pbs_train.pbs", copy)
+    want = {
+        "openmpi": ["-n", "12", "--map-by", "ppr:4:node", "--bind-to", "core", "--hostfile", str(nodefile)],
+        "mpich": ["-n", "12", "-ppn", "4", "-f", str(nodefile)],
+        "pals": ["-n", "12", "--ppn", "4", "--depth", "1", "--cpu-bind", "depth", "--hostfile", str(nodefile)],
+    }
+    for flavor, args in want.items():
+        env = _env(DRY_RUN="1", PBS_O_WORKDIR=str(ROOT), PBS_NODEFILE=str(nodefile), MPI_FLAVOR=flavor,
+                   MPIEXEC="mpiexec", OMP_NUM_THREADS="1")  # fmt: skip
+        proc = _run([BASH, str(copy)], env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        (cmd,) = _commands(proc.stdout)
+        assert cmd[: 1 + len(args)] == ["mpiexec", *args]
+        assert cmd[1 + len(args)] == str(JOBS / "bind_gpu.sh")
+        assert cmd[-8:-6] == ["apps.surrogate", "train"]
+
+
+def test_mpi_flavor_detected_from_mpiexec_version(tmp_path: Path) -> None:
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.3'\n")
+    fake.chmod(0o755)
+    proc = _run([str(JOBS / "mpirun_simulate.sh")], _env(DRY_RUN="1", NP="8", PPN="4", MPIEXEC=str(fake)))
+    assert proc.returncode == 0, proc.stderr
+    (cmd,) = _commands(proc.stdout)
+    assert cmd[:7] == [str(fake), "-n", "8", "--map-by", "ppr:4:node", "--bind-to", "core"]
+    real = _venv_tool("mpiexec")  # MPICH hydra in the venv
+    if shutil.which(real):
+        proc = _run([str(JOBS / "mpirun_simulate.sh")], _env(DRY_RUN="1", NP="2", HOSTFILE="h", MPIEXEC=real))
+        assert _commands(proc.stdout)[0][:7] == [real, "-n", "2", "-ppn", "2", "-f", "h"]
+
+
+def test_submit_pipelines_chain_dependencies() -> None:
+    proc = _run([str(JOBS / "slurm_pipeline.sh"), "--account=abc"], _env(DRY_RUN="1"))
+    assert proc.returncode == 0, proc.stderr
+    cmds = _commands("\n".join(line for line in proc.stderr.splitlines() if line.startswith("sbatch")))
+    ids = re.findall(r"simulate (\S+), train (\S+), evaluate (\S+)", proc.stdout)[0]
+    assert cmds == [
+        ["sbatch", "--parsable", "--account=abc", str(JOBS / "slurm_simulate.sbatch")],
+        ["sbatch", "--parsable", f"--dependency=afterok:{ids[0]}", "--account=abc", str(JOBS / "slurm_train.sbatch")],
+        [
+            "sbatch",
+            "--parsable",
+            f"--dependency=afterok:{ids[1]}",
+            "--account=abc",
+            str(JOBS / "slurm_evaluate.sbatch"),
+        ],
+    ]
+    proc = _run([str(JOBS / "pbs_pipeline.sh")], _env(DRY_RUN="1"))
+    assert proc.returncode == 0, proc.stderr
+    cmds = _commands("\n".join(line for line in proc.stderr.splitlines() if line.startswith("qsub")))
+    ids = re.findall(r"simulate (\S+), train (\S+), evaluate (\S+)", proc.stdout)[0]
+    assert cmds == [
+        ["qsub", "-V", str(JOBS / "pbs_simulate.pbs")],
+        ["qsub", "-V", "-W", f"depend=afterok:{ids[0]}", str(JOBS / "pbs_train.pbs")],
+        ["qsub", "-V", "-W", f"depend=afterok:{ids[1]}", str(JOBS / "pbs_evaluate.pbs")],
+    ]
