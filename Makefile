@@ -1,5 +1,6 @@
 # hpctp: the two commands a newcomer runs (see README):
-#   make demo   -- create .venv, install everything, run the main job on 4 ranks
+#   make demo   -- create .venv, install everything, run the main job on 4 ranks:
+#                  simulate -> train the surrogate -> evaluate -> plot (apps/pipeline.py)
 #   make test   -- create .venv if needed, run the whole test suite on 1, 2, 3 and 4 ranks
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,21 +11,29 @@ MPI_TIMEOUT ?= 900
 
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-serial test-mpi clean
+MPIEXEC_ENV := MPIR_CVAR_ENABLE_HEAVY_YIELD=1
+
+.PHONY: install demo core-demo capi test clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[mpich,test]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[mpich,test,apps]"
 	touch $@
 
 install: $(VENV)/.installed
 
 demo: install
-	timeout $(MPI_TIMEOUT) $(VENV)/bin/mpiexec -n $(NP) $(PY) -m hpctp demo
+	$(MPIEXEC_ENV) timeout $(MPI_TIMEOUT) $(VENV)/bin/mpiexec -n $(NP) $(PY) -m apps.pipeline
+
+core-demo: install
+	$(MPIEXEC_ENV) timeout $(MPI_TIMEOUT) $(VENV)/bin/mpiexec -n $(NP) $(PY) -m hpctp demo
 
 test: install
 	bash tests/run_all.sh
+
+capi: install
+	cmake -S . -B build/capi -DPython3_EXECUTABLE=$(abspath $(PY)) && cmake --build build/capi -j
 
 clean:
 	rm -rf $(VENV) build *.egg-info

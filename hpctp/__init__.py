@@ -4,9 +4,11 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
-from . import comm, layout, random
+from . import comm, halo, io, layout, linalg, random
 from .comm import CommCounter, ProcessGrid
 from .factories import distribute, empty, from_local, full, ones, zeros
+from .halo import HaloExchange
+from .linalg import matmul
 from .layout import Layout, block_range
 from .tensor import DistTensor
 
@@ -15,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CommCounter",
     "DistTensor",
+    "HaloExchange",
     "Layout",
     "ProcessGrid",
     "__version__",
@@ -24,7 +27,11 @@ __all__ = [
     "empty",
     "from_local",
     "full",
+    "halo",
+    "io",
     "layout",
+    "linalg",
+    "matmul",
     "ones",
     "random",
     "zeros",

@@ -203,8 +203,8 @@ def convert(x: Array, backend: str) -> Array:
 
 
 def as_contiguous(x: Array) -> Array:
-    """Local. ``x`` itself if C-contiguous, else a C-contiguous copy."""
-    if isinstance(x, np.ndarray):
+    """Local. ``x`` itself if C-contiguous, else a C-contiguous copy (numpy scalars become 0-d arrays)."""
+    if isinstance(x, (np.ndarray, np.generic)):
         return np.ascontiguousarray(x)
     if is_torch(x):
         return x.contiguous()

@@ -8,7 +8,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .comm import cuda_aware_reason
+from .comm import allgather_ints, cuda_aware_reason, gpu_count, local_rank, select_device
 
 __all__ = ["runtime_info", "format_info"]
 
@@ -21,8 +21,15 @@ def _version(pkg: str) -> str | None:
 
 
 def runtime_info(comm: Any = None) -> dict[str, Any]:
-    """Local. A dict describing the MPI runtime and the available backends on this rank."""
+    """Collective over ``comm``. A dict describing the MPI runtime, backends and GPUs.
+
+    ``gpu_per_rank`` lists, for every rank, the device it selects (``-1``: none), so a
+    job can check its one-GPU-per-rank binding.
+    """
     comm = MPI.COMM_WORLD if comm is None else getattr(comm, "comm", comm)
+    lrank, lsize = local_rank(comm)
+    dev = select_device(comm)
+    devices = allgather_ints(comm, [-1 if dev is None else dev])[:, 0].tolist()
     aware, why = cuda_aware_reason()
     info: dict[str, Any] = {
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
@@ -30,6 +37,9 @@ def runtime_info(comm: Any = None) -> dict[str, Any]:
         "mpi4py": _version("mpi4py"),
         "ranks": comm.Get_size(),
         "default_grid_2d": tuple(MPI.Compute_dims(comm.Get_size(), 2)),
+        "ranks_on_this_node": lsize,
+        "gpus_visible": gpu_count(),
+        "gpu_per_rank": devices,
         "cuda_aware_mpi": aware,
         "cuda_aware_reason": why,
         "numpy": _version("numpy"),

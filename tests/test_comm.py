@@ -102,3 +102,13 @@ def test_noncontiguous_buffer_is_rejected() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         with C.mpi_buffer(torch.zeros(4, 4).t()):
             pass
+
+
+@pytest.mark.mpi
+def test_node_local_rank_and_device_selection(world: MPI.Intracomm) -> None:
+    lrank, lsize = C.local_rank(world)
+    # all ranks of the test job share this one machine
+    assert_equal(world, (lrank, lsize), (world.Get_rank(), world.Get_size()))
+    dev = C.select_device(world)
+    expect = None if C.gpu_count() == 0 else lrank % C.gpu_count()
+    assert_equal(world, -1 if dev is None else dev, -1 if expect is None else expect)

@@ -21,6 +21,7 @@ from .collectives import (
 )
 from .counter import CommCounter, record
 from .cuda import cuda_aware, cuda_aware_reason
+from .device import gpu_count, local_rank, select_device
 from .grid import ProcessGrid
 
 __all__ = [
@@ -38,14 +39,17 @@ __all__ = [
     "cuda_aware",
     "cuda_aware_reason",
     "gatherv",
+    "gpu_count",
     "ibcast",
     "irecv",
     "isend",
+    "local_rank",
     "mpi_buffer",
     "nbytes",
     "raise_if_any",
     "record",
     "scatterv",
+    "select_device",
     "synchronize",
     "waitall",
 ]

@@ -311,7 +311,9 @@ def raise_if_any(comm: MPI.Intracomm, error: Exception | None) -> None:
     msg = b""
     if error is not None and comm.Get_rank() == first:
         kind = next((i for i, t in enumerate(_ERRORS) if isinstance(error, t)), -1)
-        msg = str(error).encode()[:4000]
+        # KeyError's str() quotes its message; use the message itself
+        text_ = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+        msg = text_.encode()[:4000]
     head = bcast_ints(comm, [kind, len(msg)], 2, root=first)
     text = np.zeros(int(head[1]), dtype=np.uint8)
     if comm.Get_rank() == first:

@@ -1,1 +1,48 @@
-"""Distributed torch.nn layers whose tensors are partitioned over a ProcessGrid."""
+"""Distributed torch.nn layers whose tensors are partitioned over a ProcessGrid.
+
+Layers take and return this rank's block (a ``torch.Tensor``) or a :class:`hpctp.DistTensor`,
+and compute what the torch layer computes on the gathered tensor. Replicated parameters
+get partial gradients on each rank: call :func:`sync_gradients` before the optimizer step.
+"""
+
+from . import functional
+from .autograd_comm import AllReduceSum, allreduce_sum
+from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
+from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
+from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
+from .parallel import broadcast_parameters, sync_gradients
+from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
+from .upsample import Upsample
+
+__all__ = [
+    "AllReduceSum",
+    "AvgPool2d",
+    "AvgPool3d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "ColumnParallelLinear",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "GroupNorm",
+    "Linear",
+    "Linear2D",
+    "MaxPool2d",
+    "MaxPool3d",
+    "RowParallelLinear",
+    "Upsample",
+    "allreduce_sum",
+    "broadcast_parameters",
+    "functional",
+    "global_l1_loss",
+    "global_mean",
+    "global_mse_loss",
+    "global_sum",
+    "relative_l2_error",
+    "sync_gradients",
+]

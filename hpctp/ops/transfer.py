@@ -104,7 +104,7 @@ def scatter_block(
     counts = [int(np.prod(layout.local_shape(grid_coords(r, layout.grid_dims)))) * item for r in range(grid.size)]
     sendbuf = None
     if grid.rank == root:
-        blocks = [array[layout.local_slices(grid_coords(r, layout.grid_dims))] for r in range(grid.size)]  # type: ignore[index]
+        blocks = [array[(*layout.local_slices(grid_coords(r, layout.grid_dims)), ...)] for r in range(grid.size)]  # type: ignore[index]
         sendbuf = pack(blocks, array)
     recv = empty_bytes(counts[grid.rank], out)
     C.scatterv(grid.comm, sendbuf, counts, recv, root=root)

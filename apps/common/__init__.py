@@ -1,0 +1,1 @@
+"""Shared pieces of the apps: configuration files and command-line overrides."""

@@ -1,0 +1,72 @@
+"""``mpiexec -n 4 python -m apps.surrogate {train,evaluate,predict} [--config C] ...``"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Collective over COMM_WORLD. Train, evaluate or run the surrogate."""
+    p = argparse.ArgumentParser(prog="python -m apps.surrogate", description="Distributed surrogate of the Gray-Scott fields")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("train", "evaluate", "predict"):
+        s = sub.add_parser(name)
+        s.add_argument("--config", default=None, help="TOML config (default: apps/configs/default.toml)")
+        s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+        s.add_argument("--data", default=None, help="snapshot file (default: simulation.out)")
+        s.add_argument("--verbose", action="store_true", help="log from every rank")
+        if name == "train":
+            s.add_argument("--out", default=None, help="run directory (default: train.out)")
+            s.add_argument("--resume", action="store_true", help="continue from RUNDIR/checkpoint.h5 (any rank count)")
+        else:
+            s.add_argument("--checkpoint", default=None, help="default: train.out/checkpoint.h5")
+        if name == "evaluate":
+            s.add_argument("--plot", default=None, help="PNG of truth/prediction/error (default: RUNDIR/eval.png)")
+        if name == "predict":
+            s.add_argument("--start", type=int, default=0, help="snapshot index to start from")
+            s.add_argument("--steps", type=int, default=4, help="number of predicted states")
+            s.add_argument("--out", default=None, help="HDF5 output (default: RUNDIR/predictions.h5)")
+    args = p.parse_args(argv)
+
+    from pathlib import Path
+
+    from mpi4py import MPI
+
+    import hpctp
+    from hpctp.log import get_logger
+
+    from ..common.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    grid = hpctp.ProcessGrid(cfg["simulation"]["grid"], comm=MPI.COMM_WORLD)
+    log = get_logger(f"apps.surrogate.{args.command}", grid, args.verbose)
+    data = args.data or cfg["simulation"]["out"]
+    run = Path(cfg["train"]["out"])
+    if args.command == "train":
+        from .train import train
+
+        losses = train(cfg, data, args.out or str(run), grid, log, resume=args.resume)
+        if losses:
+            log.info("loss: first step %.4e, last step %.4e", losses[0], losses[-1])
+        return 0
+    checkpoint = args.checkpoint or str(run / "checkpoint.h5")
+    if args.command == "evaluate":
+        from .evaluate import evaluate
+
+        result = evaluate(cfg, data, checkpoint, grid, log, plot=args.plot or str(Path(checkpoint).parent / "eval.png"))
+        if grid.rank == 0:
+            print(f"relative L2 error: {result['surrogate']:.4f} (persistence baseline {result['persistence']:.4f})", flush=True)
+        return 0
+    from .predict import predict
+
+    predict(cfg, data, checkpoint, args.start, args.steps, args.out or str(Path(checkpoint).parent / "predictions.h5"), grid, log)
+    return 0
+
+
+if __name__ == "__main__":
+    from ..common.runner import run_main
+
+    run_main(main)

@@ -1,0 +1,124 @@
+"""Surrogate architectures built from hpctp.nn layers on a spatially partitioned field.
+
+Both map a state ``[B, C, H, W]`` (a DistTensor split ``(None, None, 0, 1)``) to the state
+``horizon`` snapshots later as ``x + s * f(x)``, with circular padding (the domain is periodic);
+``s`` (buffer ``delta_scale``) is the RMS change between paired snapshots, set by
+:func:`apps.surrogate.train.fit_delta_scale`, so ``f`` learns an O(1) target.
+Parameters are replicated, initialised from the config seed (identical on any grid);
+call :func:`hpctp.nn.sync_gradients` after backward.
+
+With ``grid=None`` the same classes build plain ``torch.nn`` layers with the same initial
+weights: the single-process reference that the distributed model must reproduce.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import hpctp
+from hpctp.nn import Conv2d, MaxPool2d, Upsample
+
+from .blocks import cat_channels, pointwise
+
+__all__ = ["ResidualCNN", "UNet", "build_model"]
+
+
+def _conv(cin: int, cout: int, k: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    if grid is None:  # one process: torch's layer after manual_seed(seed) == hpctp's Conv2d(seed=seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return torch.nn.Conv2d(cin, cout, k, padding=k // 2, padding_mode="circular", dtype=dtype)
+    return Conv2d(cin, cout, k, padding=k // 2, padding_mode="circular", grid=grid, split=(0, 1), seed=seed, dtype=dtype)
+
+
+def _zero(conv: torch.nn.Module) -> torch.nn.Module:
+    """Zero the last layer: the untrained model predicts "no change" (persistence) exactly."""
+    with torch.no_grad():
+        conv.weight.zero_()
+        if conv.bias is not None:
+            conv.bias.zero_()
+    return conv
+
+
+class ResidualCNN(torch.nn.Module):
+    """Collective over grid. ``depth`` 3x3 conv + GELU layers of ``width`` channels, then a 1x1 conv."""
+
+    def __init__(self, channels: int, width: int, depth: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype):
+        super().__init__()
+        layers = [_conv(channels, width, 3, grid, seed, dtype)]
+        layers += [_conv(width, width, 3, grid, seed + i + 1, dtype) for i in range(depth - 1)]
+        self.body = torch.nn.ModuleList(layers)
+        self.head = _zero(_conv(width, channels, 1, grid, seed + depth, dtype))
+        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. The predicted state (same layout as ``x``)."""
+        h = x
+        for conv in self.body:
+            h = pointwise(torch.nn.functional.gelu, conv(h))
+        return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
+
+
+class UNet(torch.nn.Module):
+    """Collective over grid. A U-Net: per level two 3x3 convs, 2x2 max-pool down, nearest upsample
+    and skip concatenation up, a 1x1 head; ``levels`` poolings."""
+
+    def __init__(self, channels: int, width: int, levels: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype):
+        super().__init__()
+        s = iter(range(seed, seed + 1000))
+        widths = [width * 2**i for i in range(levels + 1)]
+        self.down = torch.nn.ModuleList()
+        cin = channels
+        for w in widths:
+            self.down.append(torch.nn.ModuleList([_conv(cin, w, 3, grid, next(s), dtype), _conv(w, w, 3, grid, next(s), dtype)]))
+            cin = w
+        if grid is None:
+            self.pool: torch.nn.Module = torch.nn.MaxPool2d(2)
+            self.up: torch.nn.Module = torch.nn.Upsample(scale_factor=2, mode="nearest")
+        else:
+            self.pool = MaxPool2d(2, grid=grid, split=(0, 1))
+            self.up = Upsample(scale_factor=2, mode="nearest", grid=grid, split=(0, 1), balanced=True)
+        self.merge = torch.nn.ModuleList()
+        for w_hi, w_lo in zip(widths[-2::-1], widths[:0:-1]):
+            self.merge.append(torch.nn.ModuleList([_conv(w_lo + w_hi, w_hi, 3, grid, next(s), dtype), _conv(w_hi, w_hi, 3, grid, next(s), dtype)]))
+        self.head = _zero(_conv(width, channels, 1, grid, next(s), dtype))
+        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+
+    @staticmethod
+    def _pair(convs: torch.nn.ModuleList, h: Any) -> Any:
+        for conv in convs:
+            h = pointwise(torch.nn.functional.gelu, conv(h))
+        return h
+
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. The predicted state (same layout as ``x``)."""
+        skips = []
+        h = x
+        for i, convs in enumerate(self.down):
+            if i:
+                h = self.pool(h)
+            h = self._pair(convs, h)
+            skips.append(h)
+        for convs, skip in zip(self.merge, skips[-2::-1]):
+            h = self._pair(convs, cat_channels(self.up(h), skip))
+        return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
+
+
+def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | None) -> torch.nn.Module:
+    """Local. The model of the ``[surrogate]`` config section (``grid=None``: one-process torch reference).
+
+    Raises
+    ------
+    ValueError
+        On an unknown model name or dtype.
+    """
+    dtype = {"float32": torch.float32, "float64": torch.float64}.get(cfg["dtype"])
+    if dtype is None:
+        raise ValueError(f"surrogate.dtype must be 'float32' or 'float64', got {cfg['dtype']!r}")
+    if cfg["model"] == "unet":
+        return UNet(channels, cfg["width"], cfg["levels"], grid, cfg["seed"], dtype)
+    if cfg["model"] == "cnn":
+        return ResidualCNN(channels, cfg["width"], cfg.get("depth", 3), grid, cfg["seed"], dtype)
+    raise ValueError(f"surrogate.model must be 'unet' or 'cnn', got {cfg['model']!r}")

@@ -1,0 +1,23 @@
+"""HDF5 pipelines: distributed load/save, training-sample datasets and grid-independent checkpoints.
+
+Each rank reads and writes only its own hyperslab. With an MPI-enabled h5py the MPI-IO
+driver is used; otherwise every rank opens the file itself and writes take turns. Saves
+are atomic (temporary file + rename): a failed or interrupted save never damages an
+existing file.
+"""
+
+from ._files import mpio_available
+from .checkpoint import load_checkpoint, save_checkpoint
+from .dataset import FieldDataset
+from .hdf5 import load_hdf5, save_hdf5
+from .loader import FieldLoader
+
+__all__ = [
+    "FieldDataset",
+    "FieldLoader",
+    "load_checkpoint",
+    "load_hdf5",
+    "mpio_available",
+    "save_checkpoint",
+    "save_hdf5",
+]

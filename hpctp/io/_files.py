@@ -1,0 +1,193 @@
+"""File-level helpers of hpctp.io: driver choice, opening with clear errors, atomic commit.
+
+Everything here is local to one rank; the collective protocols live in
+:mod:`hpctp.io._writer` and the public functions.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import h5py
+
+__all__ = [
+    "IOKeyError",
+    "METHODS",
+    "mpio_available",
+    "resolve_method",
+    "check_readable",
+    "open_local",
+    "get_dataset",
+    "temp_path",
+    "commit",
+    "remove_quietly",
+    "check_dataset_name",
+]
+
+METHODS = ("auto", "mpio", "serial")
+
+
+class IOKeyError(KeyError):
+    """Local. A KeyError whose message prints as written (plain ``KeyError`` shows its repr)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def mpio_available() -> bool:
+    """Local. True when h5py was built against parallel HDF5 (``h5py.get_config().mpi``)."""
+    return bool(h5py.get_config().mpi)
+
+
+def resolve_method(method: str, nranks: int) -> str:
+    """Local. ``"mpio"`` or ``"serial"`` for a requested IO ``method``.
+
+    ``"auto"`` picks the MPI-IO driver when h5py has it and more than one rank takes part.
+
+    Raises
+    ------
+    ValueError
+        On an unknown method, or ``"mpio"`` with an h5py built without MPI.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} must be one of {METHODS}")
+    if method == "mpio" and not mpio_available():
+        raise ValueError(
+            "method='mpio' needs h5py built against parallel HDF5 (h5py.get_config().mpi is False); "
+            "use method='auto' or 'serial', or install an MPI-enabled h5py"
+        )
+    if method == "auto":
+        return "mpio" if mpio_available() and nranks > 1 else "serial"
+    return method
+
+
+def check_readable(path: str) -> None:
+    """Local. Raise a clear error unless ``path`` is an existing HDF5 file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If nothing exists at ``path``.
+    IsADirectoryError
+        If ``path`` is a directory.
+    OSError
+        If the file is not HDF5 (wrong signature: corrupt, truncated header or another format).
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file; check the path (it is resolved on every rank)")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory, not an HDF5 file")
+    if not h5py.is_hdf5(path):
+        raise OSError(
+            f"{path} is not an HDF5 file (no HDF5 signature: corrupt, truncated or another format); "
+            f"re-create it, e.g. with hpctp.io.save_hdf5"
+        )
+
+
+def open_local(path: str, mode: str = "r", **kwargs: Any) -> h5py.File:
+    """Local. Open ``path`` with the default (POSIX) driver, turning h5py errors into clear ones.
+
+    Raises
+    ------
+    FileNotFoundError, OSError
+        As :func:`check_readable` (read modes), or when HDF5 cannot open the file.
+    """
+    if mode in ("r", "r+"):
+        check_readable(path)
+    try:
+        return h5py.File(path, mode, **kwargs)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise OSError(f"cannot open {path} as HDF5 (mode {mode!r}): {e}; the file may be corrupt or truncated") from e
+
+
+def get_dataset(f: h5py.File, name: str, path: str) -> h5py.Dataset:
+    """Local. The dataset ``name`` of an open file, or a KeyError that lists what is there.
+
+    Raises
+    ------
+    KeyError
+        If ``name`` is missing or is not a dataset.
+    """
+    try:
+        obj = f.get(name)
+    except (OSError, ValueError, KeyError) as e:  # broken link, bad name
+        raise IOKeyError(f"{path}: cannot access {name!r}: {e}") from None
+    if obj is None:
+        have = sorted(_dataset_names(f))
+        shown = ", ".join(have[:20]) + (", ..." if len(have) > 20 else "")
+        raise IOKeyError(f"{path} has no dataset {name!r}; datasets in the file: [{shown}]")
+    if not isinstance(obj, h5py.Dataset):
+        raise IOKeyError(f"{path}: {name!r} is a {type(obj).__name__}, not a dataset")
+    return obj
+
+
+def _dataset_names(f: h5py.File) -> list[str]:
+    names: list[str] = []
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset):
+            names.append(name)
+
+    f.visititems(visit)
+    return names
+
+
+def check_dataset_name(name: object) -> str:
+    """Local. Validate a dataset path inside a file (``"u"``, ``"fields/u"``).
+
+    Raises
+    ------
+    TypeError
+        If ``name`` is not a str.
+    ValueError
+        If it is empty, the root group, or has empty/``.`` components.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a str, got {type(name).__name__}")
+    parts = name.strip("/").split("/")
+    if not name.strip("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid dataset name {name!r}: use a non-empty path like 'u' or 'fields/u'")
+    return "/".join(parts)
+
+
+def temp_path(path: str) -> str:
+    """Local. A fresh hidden name in ``path``'s directory (same file system, so rename is atomic)."""
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.tmp-{uuid.uuid4().hex[:16]}")
+
+
+def commit(tmp: str, path: str) -> None:
+    """Local. Make ``tmp`` durable, then atomically rename it to ``path``.
+
+    ``path`` either keeps its old content or gets the complete new file, even if the
+    process dies part way.
+    """
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    try:  # make the rename itself durable; not supported everywhere
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def remove_quietly(path: str | None) -> None:
+    """Local. Delete ``path`` if it exists; ignore errors (cleanup after a failure)."""
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass

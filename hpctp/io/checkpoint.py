@@ -1,0 +1,327 @@
+"""Grid-independent checkpoints: global (unsharded) HDF5 datasets plus layout metadata.
+
+File layout (no pickle anywhere; hyperparameters are JSON text)::
+
+    /                      attrs: format, version, step, grid_dims, nranks
+    /model/<name>          every parameter and persistent buffer (state_dict names), global shape
+    /optimizer             attrs: param_groups (JSON: hyperparameters and parameter names)
+    /optimizer/state/<param>/<key>   tensor state (global shape); number state as attributes
+
+Every tensor dataset has attributes ``torch_dtype``, ``sharded`` and, when sharded, the
+``split``/``grid_dims`` it was saved with (informational: loading reads whatever hyperslab
+the new layout needs). A run saved on 4 ranks as 2x2 thus restarts on any grid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import h5py
+import numpy as np
+
+from .. import comm as C
+from ..comm import ProcessGrid
+from ._ckpt_state import (
+    Entry,
+    file_dtype,
+    group_param_names,
+    groups_from_json,
+    groups_json,
+    model_entries,
+    optimizer_entries,
+    param_names,
+    storable,
+)
+from ._files import IOKeyError, resolve_method
+from ._writer import atomic_write
+from .hdf5 import create_dataset, open_for_read, read_block
+
+if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io
+    import torch
+
+__all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
+
+FORMAT = "hpctp-checkpoint"
+VERSION = 1
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    grid: ProcessGrid,
+    *,
+    method: str = "auto",
+) -> None:
+    """Collective over grid. Save model (and optimizer) state as global datasets, atomically.
+
+    Sharded tensors (``hpctp_layout`` parameters, and optimizer state shaped like them)
+    are written as one global dataset by their primary owners; replicated ones by rank 0.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Checkpoint file; replaced atomically (a failed save leaves the old one).
+    model : torch.nn.Module
+    optimizer : torch.optim.Optimizer or None
+    step : int
+        Training step to resume from; returned by :func:`load_checkpoint`.
+    grid : ProcessGrid
+        The grid the sharded parameters' layouts refer to.
+    method : {"auto", "mpio", "serial"}
+        As for :func:`hpctp.io.save_hdf5`.
+
+    Raises
+    ------
+    TypeError
+        If state holds something other than tensors and numbers, or a bad ``hpctp_layout``.
+    ValueError
+        On a negative step, layouts that do not match the grid or blocks, or models that
+        differ between ranks.
+    FileNotFoundError, OSError
+        If the directory is missing or writing fails.
+    All raised on every rank.
+    """
+    path = os.fspath(path)
+    error: Exception | None = None
+    entries: list[Entry] = []
+    scalars: dict[str, dict[str, Any]] = {}
+    groups = ""
+    try:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        resolved = resolve_method(method, grid.size)
+        entries = model_entries(model, grid)
+        if optimizer is not None:
+            opt_entries, scalars = optimizer_entries(model, optimizer, grid)
+            entries += opt_entries
+            groups = groups_json(model, optimizer)
+    except Exception as e:  # noqa: BLE001 - agree on every failure
+        error = e
+    C.raise_if_any(grid.comm, error)
+    _check_same_everywhere(grid, entries, groups)
+
+    def prepare(f: h5py.File) -> None:
+        f.attrs.update({"format": FORMAT, "version": VERSION, "step": int(step)})
+        f.attrs.update({"grid_dims": np.asarray(grid.dims, dtype=np.int64), "nranks": grid.size})
+        for e in entries:
+            ds = create_dataset(f, e.key, e.global_shape, file_dtype(e.dtype))
+            ds.attrs.update({"torch_dtype": e.dtype, "sharded": e.layout is not None})
+            if e.layout is not None:
+                ds.attrs["split"] = json.dumps(list(e.layout.split))
+                ds.attrs["grid_dims"] = np.asarray(e.layout.grid_dims, dtype=np.int64)
+            elif ds.size:
+                ds.write_direct(storable(e.tensor))
+        for key, values in scalars.items():
+            f.require_group(key).attrs.update(values)
+        if optimizer is not None:
+            f.require_group("optimizer").attrs["param_groups"] = groups
+
+    mine = [e for e in entries if e.writes(grid)]
+
+    def write(f: h5py.File) -> None:
+        for e in mine:
+            f[e.key].write_direct(storable(e.tensor), dest_sel=e.selection(grid))
+
+    atomic_write(grid, path, mode="w", prepare=prepare, write=write if mine else None, method=resolved)
+
+
+def _check_same_everywhere(grid: ProcessGrid, entries: list[Entry], groups: str) -> None:
+    text = ";".join(f"{e.key}:{e.global_shape}:{e.dtype}:{e.layout is not None}" for e in entries)
+    sig = [len(entries), zlib.crc32(text.encode()), zlib.crc32(groups.encode())]
+    table = C.allgather_ints(grid.comm, sig)
+    if (table != table[0]).any():
+        raise ValueError(
+            "save_checkpoint: the model/optimizer state differs between ranks (names, global shapes, dtypes "
+            "or hyperparameters); every rank must hold the same model with its own blocks"
+        )
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    grid: ProcessGrid,
+    *,
+    strict: bool = True,
+    method: str = "auto",
+) -> int:
+    """Collective over grid. Restore a checkpoint into ``model``'s (and ``optimizer``'s) current layouts.
+
+    Each rank reads only the hyperslabs its tensors hold, so a checkpoint saved on any
+    grid loads on any other. The model is changed only after everything was read and
+    validated on every rank.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    model : torch.nn.Module
+        Sharded parameters carry ``hpctp_layout`` for this grid.
+    optimizer : torch.optim.Optimizer or None
+        Built over the model's parameters with the same param groups as when saved.
+    grid : ProcessGrid
+    strict : bool
+        Also fail on tensors in the file that the model does not have.
+    method : {"auto", "mpio", "serial"}
+        As for :func:`hpctp.io.load_hdf5`.
+
+    Returns
+    -------
+    int
+        The saved training step.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    KeyError
+        On missing (or, if ``strict``, unexpected) tensors, or missing optimizer state.
+    ValueError
+        On a file that is not a checkpoint, global shape or dtype mismatches, or
+        optimizer param groups that differ from the saved ones.
+    OSError
+        If the file is corrupt.
+    All raised on every rank; nothing is modified then.
+    """
+    path = os.fspath(path)
+    error: Exception | None = None
+    try:
+        resolved = resolve_method(method, grid.size)
+    except ValueError as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
+    f = open_for_read(path, grid, resolved)
+    try:
+        step = 0
+        values: list[tuple[Entry, np.ndarray]] = []
+        opt_state: dict[str, Any] | None = None
+        try:
+            step = _check_format(f, path)
+            entries = model_entries(model, grid)
+            _check_entries(f, path, entries, "model", strict)
+            values = [(e, _read(f, e, grid, path)) for e in entries]
+            if optimizer is not None:
+                opt_state = _read_optimizer(f, path, model, optimizer, grid)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        C.raise_if_any(grid.comm, error)
+    finally:
+        f.close()
+    import torch
+
+    try:
+        with torch.no_grad():
+            for entry, buf in values:
+                entry.tensor.copy_(_as_tensor(buf, entry.dtype))
+        if optimizer is not None and opt_state is not None:
+            optimizer.load_state_dict(opt_state)
+    except Exception as e:  # noqa: BLE001 - validated above, so not expected; still agree
+        error = e
+    C.raise_if_any(grid.comm, error)
+    return step
+
+
+def _check_format(f: h5py.File, path: str) -> int:
+    if f.attrs.get("format") != FORMAT:
+        raise ValueError(
+            f"{path} is not an hpctp checkpoint (no format={FORMAT!r} attribute); was it written by save_checkpoint?"
+        )
+    version = int(f.attrs.get("version", -1))
+    if version > VERSION:
+        raise ValueError(f"{path} is a version {version} checkpoint; this hpctp reads up to version {VERSION}")
+    return int(f.attrs["step"])
+
+
+def _check_entries(f: h5py.File, path: str, entries: list[Entry], group: str, strict: bool) -> None:
+    present: set[str] = set()
+    if group in f:
+        f[group].visititems(lambda n, o: present.add(f"{group}/{n}") if isinstance(o, h5py.Dataset) else None)
+    wanted = {e.key for e in entries}
+    missing = sorted(wanted - present)
+    unexpected = sorted(present - wanted) if strict else []
+    if missing or unexpected:
+        raise IOKeyError(
+            f"{path} does not match the {group}: missing keys {missing}, unexpected keys {unexpected}; "
+            f"build the same model as when saving" + ("" if not unexpected else " (or pass strict=False)")
+        )
+    bad = []
+    for e in entries:
+        ds = f[e.key]
+        stored = ds.attrs.get("torch_dtype", "")
+        if tuple(ds.shape) != e.global_shape or stored != e.dtype:
+            bad.append(f"{e.key}: file {tuple(ds.shape)} {stored}, model {e.global_shape} {e.dtype}")
+    if bad:
+        raise ValueError(f"{path}: global shape/dtype mismatch: " + "; ".join(bad))
+
+
+def _read(f: h5py.File, e: Entry, grid: ProcessGrid, path: str) -> np.ndarray:
+    return _read_slab(f[e.key], e.selection(grid), path)
+
+
+def _read_slab(ds: h5py.Dataset, sel: tuple[slice, ...], path: str) -> np.ndarray:
+    buf = np.empty(tuple(s.stop - s.start for s in sel), dtype=ds.dtype)
+    read_block(ds, buf, sel, path)
+    return buf
+
+
+def _as_tensor(buf: np.ndarray, dtype: str) -> torch.Tensor:
+    import torch
+
+    t = torch.from_numpy(buf)
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+def _read_optimizer(
+    f: h5py.File, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grid: ProcessGrid
+) -> dict[str, Any]:
+    if "optimizer" not in f:
+        raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
+    saved_groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
+    current = group_param_names(model, optimizer)
+    saved_names = [g["params"] for g in saved_groups]
+    if saved_names != current:
+        raise ValueError(
+            f"{path}: optimizer param groups differ: saved {saved_names}, current {current}; "
+            f"build the optimizer with the same parameter groups as when saving"
+        )
+    names = param_names(model)
+    state: dict[int, dict[str, Any]] = {}
+    index = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            base = f"optimizer/state/{names[id(p)]}"
+            if base in f:
+                state[index] = _read_param_state(f, base, p, grid, path)
+            index += 1
+    groups = []
+    start = 0
+    for g in saved_groups:
+        n = len(g["params"])
+        groups.append({**g, "params": list(range(start, start + n))})
+        start += n
+    return {"state": state, "param_groups": groups}
+
+
+def _read_param_state(f: h5py.File, base: str, p: torch.Tensor, grid: ProcessGrid, path: str) -> dict[str, Any]:
+    """Number state from attributes; tensors shaped like ``p`` follow its layout, others are read whole."""
+    out: dict[str, Any] = {k: v.item() if isinstance(v, np.generic) else v for k, v in f[base].attrs.items()}
+    layout = getattr(p, "hpctp_layout", None)
+    for key, ds in f[base].items():
+        if not isinstance(ds, h5py.Dataset):
+            raise IOKeyError(f"{path}:{base}/{key} is a group, expected optimizer state tensors")
+        gshape = layout.global_shape if layout is not None else tuple(p.shape)
+        if bool(ds.attrs.get("sharded", False)) and tuple(ds.shape) != gshape:
+            raise ValueError(
+                f"{path}:{base}/{key} has shape {tuple(ds.shape)} but the parameter's global shape is {gshape}"
+            )
+        if layout is not None and ds.ndim > 0 and tuple(ds.shape) == gshape:
+            sel = layout.local_slices(grid.coords)  # shaped like the parameter: follow its layout
+        else:
+            sel = tuple(slice(0, n) for n in ds.shape)
+        dtype = str(ds.attrs.get("torch_dtype", ds.dtype.name))
+        out[key] = _as_tensor(_read_slab(ds, sel, path), dtype)
+    return out

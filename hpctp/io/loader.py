@@ -1,0 +1,140 @@
+"""Batches of a :class:`~hpctp.io.FieldDataset` with seeded shuffling and background prefetch."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .. import comm as C
+from ..tensor import DistTensor
+from .dataset import FieldDataset
+
+__all__ = ["FieldLoader"]
+
+Batch = tuple[DistTensor, DistTensor | None]
+
+
+class FieldLoader:
+    """Collective over grid. Iterate ``(inputs, targets)`` batches of a FieldDataset.
+
+    Every rank draws the same permutation (``numpy.random.default_rng([seed, epoch])``),
+    so ranks always hold blocks of the same samples without communicating. While the
+    caller computes on batch ``j``, a background thread reads batch ``j + 1`` (up to
+    ``prefetch`` batches ahead) into fresh arrays, so file IO overlaps compute (h5py
+    serialises its own calls; the reading thread makes no MPI calls). Read errors are
+    agreed on at every batch, so a failing rank never leaves the others waiting.
+
+    Parameters
+    ----------
+    dataset : FieldDataset
+    batch_size : int
+    shuffle : bool
+        Shuffle sample order each epoch (within a batch, samples are in file order).
+    seed : int
+        Base seed; must be the same on every rank.
+    drop_last : bool
+        Drop a final batch smaller than ``batch_size``.
+    prefetch : int
+        Batches read ahead by the background thread (0: read in the calling thread).
+
+    Raises
+    ------
+    ValueError
+        If an argument is invalid or differs between ranks (raised on every rank).
+
+    Notes
+    -----
+    Every rank must consume the same batches: a rank that stops iterating early leaves
+    the others in the next batch's error agreement. Iterating again starts the next
+    epoch; :meth:`set_epoch` chooses one.
+    """
+
+    def __init__(
+        self,
+        dataset: FieldDataset,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 1,
+    ) -> None:
+        self.dataset = dataset
+        self.grid = dataset.grid
+        error: Exception | None = None
+        values = [0, 0, 0, 0, 0, 0]
+        try:
+            for name, v, lo in (("batch_size", batch_size, 1), ("seed", seed, 0), ("prefetch", prefetch, 0)):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                    raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+            values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), 1]
+        except ValueError as e:
+            error = e
+        C.raise_if_any(self.grid.comm, error)
+        table = C.allgather_ints(self.grid.comm, values)
+        if (table != table[0]).any():
+            raise ValueError(
+                "FieldLoader arguments (batch_size, seed, shuffle, drop_last, dataset length) differ "
+                f"between ranks: {table[:, :5].tolist()}; pass the same values on every rank"
+            )
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.prefetch = int(prefetch)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Local. The epoch (shuffling seed offset) of the next iteration."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        n, b = len(self.dataset), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """Local. Sample positions of every batch of ``epoch`` (identical on every rank)."""
+        n = len(self.dataset)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        out = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+        if self.drop_last and out and out[-1].size < self.batch_size:
+            out.pop()
+        return out
+
+    def _read(self, positions: np.ndarray) -> tuple[Batch | None, Exception | None]:
+        try:
+            return self.dataset.read_batch(positions), None
+        except Exception as e:  # noqa: BLE001 - reported collectively by the consumer
+            return None, e
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Collective over grid. Yield the batches of the current epoch, then advance the epoch.
+
+        Raises
+        ------
+        OSError
+            If any rank fails to read a batch (raised on every rank).
+        """
+        todo = deque(self.batches(self.epoch))
+        self.epoch += 1
+        if self.prefetch == 0:
+            while todo:
+                yield self._agree(self._read(todo.popleft()))
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpctp-io-prefetch") as pool:
+            ahead: deque[Future[tuple[Batch | None, Exception | None]]] = deque()
+            while todo and len(ahead) < self.prefetch:
+                ahead.append(pool.submit(self._read, todo.popleft()))
+            while ahead:
+                current = ahead.popleft()
+                if todo:
+                    ahead.append(pool.submit(self._read, todo.popleft()))
+                yield self._agree(current.result())
+
+    def _agree(self, result: tuple[Batch | None, Exception | None]) -> Batch:
+        batch, error = result
+        C.raise_if_any(self.grid.comm, error)
+        return batch  # type: ignore[return-value]

@@ -1,0 +1,59 @@
+"""Input handling shared by the partitioned layers: plain blocks or DistTensors, layouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..comm import ProcessGrid
+from ..halo.infer import infer_layout
+from ..layout import Layout
+from ..tensor import DistTensor
+from . import _window as W
+
+__all__ = ["finish", "prepare", "resolve_layout"]
+
+
+def resolve_layout(x: torch.Tensor, grid: ProcessGrid, split: tuple[int | None, ...], layout: Layout | None) -> Layout:
+    """Collective over grid when ``layout`` is None (inferred), else local validation."""
+    if layout is None:
+        return infer_layout(tuple(x.shape), grid, split)
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
+    if layout.split != split or layout.grid_dims != grid.dims:
+        raise ValueError(f"layout {layout} does not match split={split} on grid dims {grid.dims}")
+    if layout.local_shape(grid.coords) != tuple(x.shape):
+        raise ValueError(
+            f"rank {grid.rank}: block shape {tuple(x.shape)} differs from the layout's {layout.local_shape(grid.coords)}"
+        )
+    return layout
+
+
+def prepare(
+    x: Any, grid: ProcessGrid, split: object, nd: int, layout: Layout | None
+) -> tuple[torch.Tensor, Layout, bool]:
+    """Local block, its global layout (collective when inferred) and whether x was a DistTensor."""
+    lay: Layout | None
+    if isinstance(x, DistTensor):
+        local, lay, wrapped = x.local, x.layout, True
+        if not isinstance(local, torch.Tensor):
+            raise TypeError("DistTensor inputs of nn layers need a torch local block (use .to('torch'))")
+        if x.grid is not grid and x.grid.dims != grid.dims:
+            raise ValueError(f"input lives on grid dims {x.grid.dims}, the layer on {grid.dims}")
+    elif isinstance(x, torch.Tensor):
+        local, lay, wrapped = x, layout, False
+    else:
+        raise TypeError(f"input must be a torch.Tensor block or a DistTensor, got {type(x).__name__}")
+    if local.ndim != nd + 2:
+        raise ValueError(f"expected a batched {nd + 2}-D block (N, C, *spatial), got {local.ndim} dims")
+    sp = W.full_split(split, nd, grid.ndim)
+    if lay is not None and wrapped:
+        if lay.split != sp:
+            raise ValueError(f"input split {lay.split} differs from the layer's split {sp}; redistribute first")
+        return local, lay, wrapped
+    return local, resolve_layout(local, grid, sp, lay), wrapped
+
+
+def finish(y: torch.Tensor, out_layout: Layout, grid: ProcessGrid, wrapped: bool) -> Any:
+    return DistTensor(y, grid, out_layout) if wrapped else y

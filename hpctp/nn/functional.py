@@ -1,0 +1,240 @@
+"""Differentiable spatially partitioned ops on local torch blocks (halo padding, conv, pooling).
+
+Every function here works on this rank's block of a field that is cut over the grid along
+its spatial dims, and returns this rank's block of the result: the result equals what
+``torch.nn.functional`` computes on the gathered global field. Forward and backward are
+collective over the grid (every rank must call them, in the same order); the backward of
+each halo fetch is its adjoint exchange (ghost gradients are sent back and summed into
+the owners' blocks).
+
+Inputs are plain local ``torch.Tensor`` blocks or :class:`hpctp.DistTensor` (torch local
+block); the result has the same kind. For plain blocks the global layout (which may be
+uneven) is inferred collectively with one tiny ``Allgather`` per call; pass ``layout=`` to
+skip it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..comm import ProcessGrid
+from ..halo.plan import fetch_plan, halo_wants, normalize_boundary, normalize_widths
+from ..layout import Layout, normalize_split
+from . import _window as W
+from ._fetch import Fetch
+from ._inputs import finish as _finish
+from ._inputs import prepare as _prepare
+from ._inputs import resolve_layout as _resolve_layout
+from .spatial import (
+    avg_pool2d,
+    avg_pool3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    max_pool2d,
+    max_pool3d,
+)
+
+__all__ = [
+    "avg_pool2d",
+    "avg_pool3d",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "halo_pad",
+    "max_pool2d",
+    "max_pool3d",
+    "spatial_split",
+]
+
+
+def halo_pad(
+    x: torch.Tensor,
+    grid: ProcessGrid,
+    split: object,
+    width: object,
+    boundary: object = "zero",
+    *,
+    layout: Layout | None = None,
+    stencil: str = "box",
+) -> torch.Tensor:
+    """Collective over grid. Pad the local block with its neighbours' data (differentiable).
+
+    The result is ``x`` widened by ``width`` cells per side: inside the global index range
+    the cells hold the neighbours' values (faces, edges and corners; from any rank when a
+    width exceeds a neighbour's block), outside they follow ``boundary``. On a single
+    rank this is ``torch.nn.functional.pad`` with mode constant/circular/reflect/replicate.
+    The backward is the adjoint: ghost-cell gradients are sent to their owners and summed.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        This rank's block (any device; leading batch/channel dims have split None).
+    grid : ProcessGrid
+    split : sequence of (int or None)
+        Grid axis of each dim of ``x`` (None: not split).
+    width : int or sequence
+        An int ``w`` pads every split dim by ``w`` on both sides (unsplit dims by 0); a
+        sequence has one entry per dim of ``x``: an int or a ``(lo, hi)`` pair.
+    boundary : {"zero", "periodic", "reflect", "replicate"} or sequence of them
+        Outside the global range: zeros, wrap-around, mirror without the edge
+        (``torch`` "reflect") or repeat the edge ("replicate"). One per dim or for all.
+    layout : Layout, optional
+        Global layout of ``x``; inferred with one small collective when omitted.
+    stencil : {"box", "star"}
+        ``"star"`` leaves edges and corners zero (no diagonal messages).
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``x.shape[d] + lo_d + hi_d`` per dim; same dtype and device.
+
+    Raises
+    ------
+    ValueError
+        On every rank: bad split/width/boundary, blocks that do not tile, or a non-zero
+        boundary on an empty global dim.
+    TypeError
+        If ``x`` is not a torch tensor.
+
+    Examples
+    --------
+    >>> y = halo_pad(x, grid, (None, None, 0, 1), 1, "periodic")   # doctest: +SKIP
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"halo_pad needs a torch.Tensor block, got {type(x).__name__}")
+    sp = normalize_split(split, x.ndim, grid.ndim)
+    widths = normalize_widths(width, sp)
+    bnd = normalize_boundary(boundary, x.ndim)
+    if stencil not in ("box", "star"):
+        raise ValueError(f"stencil must be 'box' or 'star', got {stencil!r}")
+    lay = _resolve_layout(x, grid, sp, layout)
+    plan = fetch_plan(lay, grid.rank, halo_wants(lay, widths), bnd, stencil)
+    return Fetch.apply(x, plan, grid.comm, 0.0)
+
+
+# --------------------------------------------------------------------------- window ops
+def _conv(
+    nd: int,
+    x: Any,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: object,
+    padding: object,
+    dilation: object,
+    groups: int,
+    grid: ProcessGrid,
+    split: object,
+    padding_mode: str,
+    layout: Layout | None,
+    overlap: bool,
+) -> Any:
+    local, lay, wrapped = _prepare(x, grid, split, nd, layout)
+    y, out_layout = W.conv(nd, local, lay, grid, weight, bias, stride, padding, dilation, groups, padding_mode, overlap)
+    return _finish(y, out_layout, grid, wrapped)
+
+
+def conv1d(
+    x: Any,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: object = 1,
+    padding: object = 0,
+    dilation: object = 1,
+    groups: int = 1,
+    *,
+    grid: ProcessGrid,
+    split: object = None,
+    padding_mode: str = "zeros",
+    layout: Layout | None = None,
+    overlap: bool = True,
+) -> Any:
+    """Collective over grid. Spatially partitioned ``torch.nn.functional.conv1d``; see :func:`conv2d`."""
+    return _conv(1, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
+
+
+def conv2d(
+    x: Any,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: object = 1,
+    padding: object = 0,
+    dilation: object = 1,
+    groups: int = 1,
+    *,
+    grid: ProcessGrid,
+    split: object = None,
+    padding_mode: str = "zeros",
+    layout: Layout | None = None,
+    overlap: bool = True,
+) -> Any:
+    """Collective over grid. Spatially partitioned ``torch.nn.functional.conv2d``.
+
+    The output is cut into balanced blocks of the global output shape over the same grid
+    axes as the input; each rank fetches exactly the input range its output block needs
+    (which depends on stride, padding and dilation, and may span several ranks). The
+    interior is computed while the halo is in flight, the boundary strips afterwards.
+
+    Parameters
+    ----------
+    x : torch.Tensor or DistTensor
+        This rank's ``(N, C, H, W)`` block (possibly uneven), or a DistTensor.
+    weight, bias : torch.Tensor
+        Replicated parameters (as for torch). Their gradients are this rank's partial
+        sums: call ``hpctp.nn.sync_gradients`` (sum over the grid) after backward.
+    stride, padding, dilation, groups
+        As for ``torch.nn.functional.conv2d``; ``padding`` may be ``"same"``/``"valid"``.
+    grid : ProcessGrid
+    split : sequence of (int or None), optional
+        Grid axis of each spatial dim (default: spatial dim ``i`` over grid axis ``i``).
+    padding_mode : {"zeros", "circular", "reflect", "replicate"}
+        Boundary condition of the global field (as ``torch.nn.Conv2d``'s padding_mode).
+    layout : Layout, optional
+        Global layout of a plain block (inferred collectively if omitted).
+    overlap : bool
+        Compute the interior while the halo is in flight (default True).
+
+    Returns
+    -------
+    torch.Tensor or DistTensor
+        This rank's block of the global output (same kind as ``x``).
+
+    Raises
+    ------
+    ValueError
+        On every rank: wrong dims, split or channels, an output size < 1.
+    """
+    return _conv(2, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
+
+
+def conv3d(
+    x: Any,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: object = 1,
+    padding: object = 0,
+    dilation: object = 1,
+    groups: int = 1,
+    *,
+    grid: ProcessGrid,
+    split: object = None,
+    padding_mode: str = "zeros",
+    layout: Layout | None = None,
+    overlap: bool = True,
+) -> Any:
+    """Collective over grid. Spatially partitioned ``torch.nn.functional.conv3d``; see :func:`conv2d`."""
+    return _conv(3, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
+
+
+def spatial_split(split: Sequence[int | None] | None, nd: int, grid: ProcessGrid) -> tuple[int | None, ...]:
+    """Local. The full split ``(None, None, *spatial)`` of an ``(N, C, *spatial)`` block.
+
+    ``None`` means spatial dim ``i`` over grid axis ``i`` for the grid's axes.
+    """
+    return W.full_split(split, nd, grid.ndim)

@@ -1,0 +1,511 @@
+"""Tensor-parallel linear layers ``y = x W^T + b`` with torch autograd.
+
+Three ways to cut the weight ``W`` (``out_features x in_features``, torch's convention):
+
+* :class:`ColumnParallelLinear`: ``W`` split over ``axis`` by output features. Input
+  ``[..., in]`` (replicated along ``axis``), output ``[..., out_local]`` (or all of it).
+* :class:`RowParallelLinear`: ``W`` split over ``axis`` by input features. Input
+  ``[..., in_local]`` (or all of it), output ``[..., out]`` (replicated along ``axis``).
+* :class:`Linear2D`: ``W`` split ``(0, 1)`` over a 2-D grid, products by SUMMA. Input the
+  block ``[batch_i, in_j]`` of ``X`` split ``(0, 1)``, output the block ``[batch_i, out_j]``.
+
+``*_local`` blocks follow balanced cuts (:func:`hpctp.block_range`) of the feature dim
+over the grid axis; "replicated" means identical on every rank along ``axis``. Layers take
+and return local torch blocks. Every sharded parameter carries ``hpctp_layout``, the
+:class:`~hpctp.Layout` of the global parameter on the layer's grid; a parameter without
+it is replicated.
+
+Initialisation does not depend on the grid: ``W`` and ``b`` are drawn from
+``U(-1/sqrt(in), 1/sqrt(in))`` (torch's default distribution) with
+:func:`hpctp.random.block_uniform`, so the gathered weights of all three layers, on any
+number of ranks, are the same for the same ``(in, out, seed)``.
+
+Gradients: after ``backward`` every parameter's ``.grad`` is the single-process gradient
+of its block for the loss the ranks back-propagate together (a sum of losses of disjoint
+output blocks, or one loss every rank computes alike from a replicated output). The
+layers do every reduction their partitioning needs, including the batch sum of
+:class:`Linear2D`'s bias gradient over grid axis 0; so with
+:func:`hpctp.nn.sync_gradients`, pass only data-parallel grid axes (not the axes these
+layers use). Forward and backward are collective over the layer's grid (or ``axis``):
+call them on every rank, with ``requires_grad`` the same on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import comm as C
+from ..comm import ProcessGrid
+from ..layout import Layout, block_cuts
+from ..linalg.plan import check_panel
+from ..linalg.summa import summa_block
+from ..random import block_uniform
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Linear2D", "Linear", "init_block"]
+
+_BIAS_STREAM = 0x5DEECE66D
+
+
+def _check_grid(grid: object) -> ProcessGrid:
+    if not isinstance(grid, ProcessGrid):
+        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
+    return grid
+
+
+def _check_features(in_features: object, out_features: object) -> None:
+    for name, v in (("in_features", in_features), ("out_features", out_features)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _check_axis(grid: ProcessGrid, axis: object) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < grid.ndim:
+        raise ValueError(f"axis={axis!r} is not an axis of the {grid.ndim}-D grid {grid.dims}")
+    return axis
+
+
+def init_block(
+    layout: Layout, coords: tuple[int, ...], seed: int, bound: float, dtype: torch.dtype, device: Any
+) -> torch.Tensor:
+    """Local. The block at ``coords`` of a global ``U(-bound, bound)`` tensor, independent of the grid.
+
+    Parameters
+    ----------
+    layout : Layout
+        Layout of the global tensor.
+    coords : tuple of int
+        Grid coordinates of the block.
+    seed : int
+        Seed of :func:`hpctp.random.block_uniform`.
+    bound : float
+    dtype : torch.dtype
+    device : torch.device or str or None
+
+    Returns
+    -------
+    torch.Tensor
+        Contiguous block of shape ``layout.local_shape(coords)``.
+    """
+    vals = block_uniform(layout.global_shape, layout.local_ranges(coords), seed, -bound, bound)
+    return torch.from_numpy(np.ascontiguousarray(vals)).to(dtype=dtype, device=device)
+
+
+def _bias_seed(seed: int) -> int:
+    return (int(seed) * 6364136223846793005 + _BIAS_STREAM) % 2**63
+
+
+def _parameter(data: torch.Tensor, layout: Layout | None) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(data)
+    if layout is not None:
+        p.hpctp_layout = layout  # type: ignore[attr-defined]
+    return p
+
+
+def _split(ndim: int, dim: int, axis: int) -> tuple[int | None, ...]:
+    out: list[int | None] = [None] * ndim
+    out[dim] = axis
+    return tuple(out)
+
+
+def _extent(cuts: tuple[int, ...], i: int) -> int:
+    return cuts[i + 1] - cuts[i]
+
+
+# ---------------------------------------------------------------------------- adjoint collectives
+class _CopyToAxis(torch.autograd.Function):
+    """Forward identity, backward sum over the axis (the input is used by every rank of it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Any) -> torch.Tensor:
+        ctx.comm = comm
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return C.allreduce(ctx.comm, dy.contiguous().clone()), None
+
+
+class _SumOverAxis(torch.autograd.Function):
+    """Forward sum over the axis (partial products), backward identity."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Any) -> torch.Tensor:
+        return C.allreduce(comm, x.contiguous().clone())
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return dy, None
+
+
+def _allgather_last(x: torch.Tensor, comm: Any, cuts: tuple[int, ...]) -> torch.Tensor:
+    lead = tuple(x.shape[:-1])
+    rows = math.prod(lead)
+    counts = [rows * _extent(cuts, r) for r in range(len(cuts) - 1)]
+    recv = torch.empty(sum(counts), dtype=x.dtype, device=x.device)
+    C.allgatherv(comm, x.detach().contiguous().reshape(-1), recv, counts)
+    parts = torch.split(recv, counts)
+    blocks = [p.reshape(rows, _extent(cuts, r)) for r, p in enumerate(parts)]
+    return torch.cat(blocks, dim=1).reshape(lead + (cuts[-1],))
+
+
+class _GatherLast(torch.autograd.Function):
+    """Forward all-gather of the last dim's blocks, backward this rank's slice."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Any, cuts: tuple[int, ...]) -> torch.Tensor:
+        ctx.lo, ctx.hi = cuts[comm.Get_rank()], cuts[comm.Get_rank() + 1]
+        return _allgather_last(x, comm, cuts)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return dy[..., ctx.lo : ctx.hi].contiguous(), None, None
+
+
+class _SliceLast(torch.autograd.Function):
+    """Forward this rank's slice of the last dim, backward all-gather."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Any, cuts: tuple[int, ...]) -> torch.Tensor:
+        ctx.comm, ctx.cuts = comm, cuts
+        r = comm.Get_rank()
+        return x[..., cuts[r] : cuts[r + 1]].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _allgather_last(dy, ctx.comm, ctx.cuts), None, None
+
+
+def _check_input(x: object, weight: torch.Tensor, features: int, what: str) -> Exception | None:
+    if not isinstance(x, torch.Tensor):
+        return TypeError(f"{what}: input must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim < 1 or x.shape[-1] != features:
+        return ValueError(f"{what}: input's last dim must be {features} on this rank, got shape {tuple(x.shape)}")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        return TypeError(f"{what}: input is {x.dtype} on {x.device}, the weight {weight.dtype} on {weight.device}")
+    return None
+
+
+# ---------------------------------------------------------------------------- 1-D tensor parallel
+class ColumnParallelLinear(torch.nn.Module):
+    """Local. ``y = x W^T + b`` with the output features split over one grid axis.
+
+    Layouts: ``weight`` is the block ``[out_local, in]`` of ``W`` split ``(axis, None)``;
+    ``bias`` the block ``[out_local]`` split ``(axis,)``; both replicated along the other
+    grid axes. ``forward(x)`` takes the full input ``[..., in]`` (the same on every rank
+    of ``axis``) and returns ``[..., out_local]`` (or the full ``[..., out]`` with
+    ``gather_output``). Backward sums the input gradient over ``axis`` (the adjoint of
+    using the same input everywhere).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+    grid : ProcessGrid
+        Any grid; only the ranks along ``axis`` communicate.
+    axis : int
+        Grid axis splitting the output features.
+    bias : bool
+    gather_output : bool
+        All-gather the output features (backward then takes this rank's slice).
+    seed : int
+        Initialisation seed (grid-independent values).
+    dtype : torch.dtype
+    device : torch.device or str, optional
+
+    Raises
+    ------
+    TypeError
+        If ``grid`` is not a ProcessGrid.
+    ValueError
+        On non-positive feature counts or a bad ``axis``.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, grid: ProcessGrid, *, axis: int = 0, bias: bool = True,
+        gather_output: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.grid = _check_grid(grid)
+        _check_features(in_features, out_features)
+        self.axis = _check_axis(grid, axis)
+        self.in_features, self.out_features, self.gather_output = in_features, out_features, bool(gather_output)
+        self.out_cuts = block_cuts(out_features, grid.dims[axis])
+        bound = 1.0 / math.sqrt(in_features)
+        wl = Layout((out_features, in_features), grid.dims, _split(2, 0, axis))
+        self.weight = _parameter(init_block(wl, grid.coords, seed, bound, dtype, device), wl)
+        if bias:
+            bl = Layout((out_features,), grid.dims, _split(1, 0, axis))
+            self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), bl)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Collective over grid. Ranks along ``axis`` only; ``[..., in] -> [..., out_local]`` (or ``[..., out]``).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Full input, identical on the ranks along ``axis``.
+
+        Returns
+        -------
+        torch.Tensor
+
+        Raises
+        ------
+        TypeError, ValueError
+            On a wrong input type, dtype or feature size (before any communication).
+        """
+        err = _check_input(x, self.weight, self.in_features, "ColumnParallelLinear")
+        if err is not None:
+            raise err
+        comm = self.grid.sub(self.axis)
+        y = torch.nn.functional.linear(_CopyToAxis.apply(x, comm), self.weight, self.bias)
+        return _GatherLast.apply(y, comm, self.out_cuts) if self.gather_output else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, grid={self.grid.dims}, "
+                f"axis={self.axis}, bias={self.bias is not None}, gather_output={self.gather_output}")  # fmt: skip
+
+
+class RowParallelLinear(torch.nn.Module):
+    """Local. ``y = x W^T + b`` with the input features split over one grid axis.
+
+    Layouts: ``weight`` is the block ``[out, in_local]`` of ``W`` split ``(None, axis)``;
+    ``bias`` ``[out]`` is replicated (no ``hpctp_layout``). ``forward(x)`` takes
+    ``[..., in_local]`` (the block of the last dim, e.g. a :class:`ColumnParallelLinear`
+    output) or, with ``input_is_parallel=False``, the full ``[..., in]``; it returns the
+    full ``[..., out]``, identical on every rank of ``axis``: the partial products are
+    all-reduced (backward: identity, the adjoint of the sum).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+    grid : ProcessGrid
+    axis : int
+        Grid axis splitting the input features.
+    bias : bool
+    input_is_parallel : bool
+        The input is already this rank's block of features (else the layer slices it and
+        all-gathers its gradient).
+    seed : int
+    dtype : torch.dtype
+    device : torch.device or str, optional
+
+    Raises
+    ------
+    TypeError
+        If ``grid`` is not a ProcessGrid.
+    ValueError
+        On non-positive feature counts or a bad ``axis``.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, grid: ProcessGrid, *, axis: int = 0, bias: bool = True,
+        input_is_parallel: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.grid = _check_grid(grid)
+        _check_features(in_features, out_features)
+        self.axis = _check_axis(grid, axis)
+        self.in_features, self.out_features = in_features, out_features
+        self.input_is_parallel = bool(input_is_parallel)
+        self.in_cuts = block_cuts(in_features, grid.dims[axis])
+        bound = 1.0 / math.sqrt(in_features)
+        wl = Layout((out_features, in_features), grid.dims, _split(2, 1, axis))
+        self.weight = _parameter(init_block(wl, grid.coords, seed, bound, dtype, device), wl)
+        if bias:
+            bl = Layout((out_features,), grid.dims, (None,))
+            self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), None)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Collective over grid. Ranks along ``axis`` only; ``[..., in_local] -> [..., out]``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            This rank's block of the input features (or the full input, see ``input_is_parallel``).
+
+        Returns
+        -------
+        torch.Tensor
+            The full output, identical on the ranks along ``axis``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            On a wrong input type, dtype or feature size, on every rank of ``axis``.
+        """
+        comm = self.grid.sub(self.axis)
+        local_in = self.weight.shape[1] if self.input_is_parallel else self.in_features
+        C.raise_if_any(comm, _check_input(x, self.weight, local_in, "RowParallelLinear"))
+        if not self.input_is_parallel:
+            x = _SliceLast.apply(x, comm, self.in_cuts)
+        y = _SumOverAxis.apply(torch.nn.functional.linear(x, self.weight), comm)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, grid={self.grid.dims}, "
+                f"axis={self.axis}, bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- 2-D (SUMMA)
+class _Summa2DLinear(torch.autograd.Function):
+    """``Y = X W^T + b`` by SUMMA; backward ``dX = dY W``, ``dW = dY^T X``, ``db = sum_rows dY``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        grid: ProcessGrid, x_layout: Layout, w_layout: Layout, panel: int | None,
+    ) -> torch.Tensor:  # fmt: skip
+        y, y_layout = summa_block(x.detach(), weight.detach(), grid, x_layout, w_layout, transpose_b=True, panel=panel)
+        if bias is not None:
+            y.add_(bias.detach())
+        ctx.save_for_backward(x, weight)
+        ctx.meta = (grid, x_layout, w_layout, y_layout, panel, bias is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        grid, x_layout, w_layout, y_layout, panel, has_bias = ctx.meta
+        dy = dy.contiguous()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx, _ = summa_block(dy, weight.detach(), grid, y_layout, w_layout, panel=panel)
+        if ctx.needs_input_grad[1]:
+            dw, lay = summa_block(dy, x.detach(), grid, y_layout, x_layout, transpose_a=True, panel=panel)
+            if lay != w_layout:  # cannot happen: stationary-B gives W's own balanced layout
+                raise RuntimeError(f"Linear2D: weight gradient came out in {lay}, expected {w_layout}")
+        if has_bias and ctx.needs_input_grad[2]:
+            db = C.allreduce(grid.sub(0), dy.sum(0).contiguous())
+        return dx, dw, db, None, None, None, None
+
+
+class Linear2D(torch.nn.Module):
+    """Local. ``Y = X W^T + b`` with ``X``, ``W`` and ``Y`` all cut over a 2-D grid (SUMMA), for huge layers.
+
+    Layouts on grid ``(pr, pc)``: ``weight`` is the block ``[out_i, in_j]`` of ``W`` split
+    ``(0, 1)``; ``bias`` the block ``[out_j]`` of ``b`` split ``(1,)`` (replicated along
+    grid axis 0). ``forward(x)`` takes the block ``[batch_i, in_j]`` of ``X`` (``[batch,
+    in]`` split ``(0, 1)``: any batch rows per grid row, equal along it; ``in_j`` the
+    balanced block over axis 1) and returns the block ``[batch_i, out_j]`` of ``Y``
+    (split ``(0, 1)``, same batch rows, ``out_j`` balanced over axis 1). No rank ever
+    holds a whole weight, input or output.
+
+    Forward is SUMMA ``X @ W.T`` (stationary X: broadcast W panels down grid columns,
+    reduce partial Y columns along grid rows); backward ``dX = dY @ W`` (stationary dX)
+    and ``dW = dY.T @ X`` (stationary X: broadcast dY panels, reduce dW rows), and the
+    bias gradient is summed over grid axis 0.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+    grid : ProcessGrid
+        A 2-D grid.
+    bias : bool
+    panel : int, optional
+        SUMMA panel width (default from the block sizes).
+    seed : int
+    dtype : torch.dtype
+    device : torch.device or str, optional
+
+    Raises
+    ------
+    TypeError
+        If ``grid`` is not a ProcessGrid or ``panel`` not an int.
+    ValueError
+        If the grid is not 2-D, feature counts are not positive or ``panel < 1``.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, grid: ProcessGrid, *, bias: bool = True,
+        panel: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.grid = _check_grid(grid)
+        if grid.ndim != 2:
+            raise ValueError(f"Linear2D needs a 2-D grid, got dims {grid.dims}")
+        _check_features(in_features, out_features)
+        self.in_features, self.out_features = in_features, out_features
+        self.panel = check_panel(panel)
+        bound = 1.0 / math.sqrt(in_features)
+        self.w_layout = Layout((out_features, in_features), grid.dims, (0, 1))
+        self.weight = _parameter(init_block(self.w_layout, grid.coords, seed, bound, dtype, device), self.w_layout)
+        if bias:
+            bl = Layout((out_features,), grid.dims, (1,))
+            self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), bl)
+        else:
+            self.register_parameter("bias", None)
+
+    def _x_layout(self, rows: int) -> Layout:
+        """A layout of X that is exact at this rank's grid row (others are never consulted: the
+        batch index is always an aligned, stationary index of the three SUMMA products)."""
+        pr = self.grid.dims[0]
+        return Layout(
+            (rows * pr, self.in_features), self.grid.dims, (0, 1), (tuple(i * rows for i in range(pr + 1)), None)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Collective over grid. ``[batch_i, in_j] -> [batch_i, out_j]`` blocks.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            This rank's block of ``X`` (2-D); ranks of a grid row must pass the same number of rows.
+
+        Returns
+        -------
+        torch.Tensor
+            This rank's block of ``Y``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            On a wrong input type, dtype or block shape, on every rank.
+        """
+        in_j = self.weight.shape[1]
+        err = _check_input(x, self.weight, in_j, "Linear2D")
+        if err is None and x.ndim != 2:
+            err = ValueError(f"Linear2D: input must be a 2-D block [batch_i, in_j], got shape {tuple(x.shape)}")
+        C.raise_if_any(self.grid.comm, err)
+        lay = self._x_layout(x.shape[0])
+        return _Summa2DLinear.apply(x.contiguous(), self.weight, self.bias, self.grid, lay, self.w_layout, self.panel)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, grid={self.grid.dims}, "
+                f"bias={self.bias is not None}, panel={self.panel}")  # fmt: skip
+
+
+def Linear(
+    in_features: int, out_features: int, grid: ProcessGrid, mode: str = "column", **kwargs: Any
+) -> torch.nn.Module:
+    """Local. A tensor-parallel linear layer: ``mode`` picks the class.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+    grid : ProcessGrid
+    mode : {"column", "row", "2d"}
+        :class:`ColumnParallelLinear`, :class:`RowParallelLinear` or :class:`Linear2D`.
+    **kwargs
+        Passed to the class (``axis``, ``bias``, ``seed``, ``dtype``, ...).
+
+    Returns
+    -------
+    torch.nn.Module
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``mode`` (and as the chosen class raises).
+    """
+    classes = {"column": ColumnParallelLinear, "row": RowParallelLinear, "2d": Linear2D}
+    if mode not in classes:
+        raise ValueError(f"mode must be one of {sorted(classes)}, got {mode!r}")
+    return classes[mode](in_features, out_features, grid, **kwargs)

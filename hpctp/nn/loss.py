@@ -1,0 +1,249 @@
+"""Losses and reductions over a whole partitioned field, identical on every rank.
+
+Each function sums local contributions, packs them (with element counts and an error
+flag) into one small float64 buffer and all-reduces it once with
+:class:`~hpctp.nn.autograd_comm.AllReduceSum` (identity backward). Every rank gets the
+same value and, after ``backward()``, the exact gradient of its own block. Bad input on
+any rank (e.g. mismatched shapes) raises ``ValueError`` on every rank after that single
+all-reduce, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..comm import ProcessGrid
+from .autograd_comm import AllReduceSum, check_grid, comms_for_axes
+
+__all__ = ["global_sum", "global_mean", "global_mse_loss", "global_l1_loss", "relative_l2_error"]
+
+_REDUCTIONS = ("mean", "sum")
+
+
+def _check_tensor(x: object, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _reduce(
+    terms: Callable[[], list[torch.Tensor]],
+    nterms: int,
+    local_error: str | None,
+    grid: ProcessGrid,
+    axes: Sequence[int] | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """All-reduce ``[*terms(), error_flag]`` in float64; raise everywhere if any rank flagged."""
+    comms = comms_for_axes(grid, axes)
+    if local_error is None:
+        vals = [t.reshape(-1).to(torch.float64) for t in terms()]
+        flag = torch.zeros(1, dtype=torch.float64, device=device)
+    else:
+        vals = [torch.zeros(nterms, dtype=torch.float64, device=device)]
+        flag = torch.ones(1, dtype=torch.float64, device=device)
+    total = AllReduceSum.apply(torch.cat(vals + [flag]), comms)
+    bad = int(total[-1].item())
+    if bad:
+        if local_error is not None:
+            raise ValueError(local_error)
+        raise ValueError(f"invalid input on {bad} other rank(s) of the grid (see their error)")
+    return total[:-1]
+
+
+def _pair_error(pred: torch.Tensor, target: torch.Tensor) -> str | None:
+    if pred.shape != target.shape:
+        return f"pred block has shape {tuple(pred.shape)} but target block has shape {tuple(target.shape)}"
+    return None
+
+
+def _count(x: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([float(x.numel())], dtype=torch.float64, device=x.device)
+
+
+def global_sum(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
+    """Collective over grid. Sum of all elements of the global tensor (0-d, same on every rank).
+
+    Parameters
+    ----------
+    x_local : torch.Tensor
+        This rank's block.
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        Grid axes along which the blocks differ (default: all); ranks along other axes
+        hold replicas and are counted once.
+
+    Returns
+    -------
+    torch.Tensor
+        0-d tensor of ``x_local.dtype``; differentiable (gradient of ones on every block).
+
+    Raises
+    ------
+    TypeError
+        If ``x_local`` is not a tensor or ``grid`` not a ProcessGrid.
+    """
+    check_grid(grid)
+    x = _check_tensor(x_local, "x_local")
+    return _reduce(lambda: [x.sum()], 1, None, grid, axes, x.device)[0].to(x.dtype)
+
+
+def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
+    """Collective over grid. Mean of all elements of the global tensor (0-d, same on every rank).
+
+    Parameters
+    ----------
+    x_local : torch.Tensor
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        See :func:`global_sum`.
+
+    Returns
+    -------
+    torch.Tensor
+        0-d tensor of ``x_local.dtype`` (NaN for an empty global tensor, as torch).
+    """
+    check_grid(grid)
+    x = _check_tensor(x_local, "x_local")
+    s, n = _reduce(lambda: [x.sum(), _count(x)], 2, None, grid, axes, x.device)
+    return (s / n).to(x.dtype)
+
+
+def _pointwise_loss(
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    grid: ProcessGrid,
+    axes: Sequence[int] | None,
+    reduction: str,
+) -> torch.Tensor:
+    check_grid(grid)
+    _check_tensor(pred, "pred_local")
+    _check_tensor(target, "target_local")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    err = _pair_error(pred, target)
+    s, n = _reduce(lambda: [fn(pred, target).sum(), _count(pred)], 2, err, grid, axes, pred.device)
+    out = s / n if reduction == "mean" else s
+    return out.to(torch.promote_types(pred.dtype, target.dtype))
+
+
+def global_mse_loss(
+    pred_local: torch.Tensor,
+    target_local: torch.Tensor,
+    grid: ProcessGrid,
+    axes: Sequence[int] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Collective over grid. ``torch.nn.functional.mse_loss`` of the global tensors.
+
+    Parameters
+    ----------
+    pred_local, target_local : torch.Tensor
+        This rank's blocks (same shape).
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        Grid axes along which the blocks differ (default: all).
+    reduction : {"mean", "sum"}
+
+    Returns
+    -------
+    torch.Tensor
+        0-d loss, the same on every rank; its gradient w.r.t. ``pred_local`` is the
+        single-process gradient restricted to this block.
+
+    Raises
+    ------
+    ValueError
+        If the blocks' shapes differ on any rank (raised on every rank), or on a bad
+        ``reduction``.
+    TypeError
+        If an input is not a tensor.
+    """
+    return _pointwise_loss(lambda p, t: (p - t) ** 2, pred_local, target_local, grid, axes, reduction)
+
+
+def global_l1_loss(
+    pred_local: torch.Tensor,
+    target_local: torch.Tensor,
+    grid: ProcessGrid,
+    axes: Sequence[int] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Collective over grid. ``torch.nn.functional.l1_loss`` of the global tensors.
+
+    Parameters
+    ----------
+    pred_local, target_local : torch.Tensor
+        This rank's blocks (same shape).
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        Grid axes along which the blocks differ (default: all).
+    reduction : {"mean", "sum"}
+
+    Returns
+    -------
+    torch.Tensor
+        0-d loss, the same on every rank.
+
+    Raises
+    ------
+    ValueError
+        If the blocks' shapes differ on any rank (raised on every rank).
+    """
+    return _pointwise_loss(lambda p, t: (p - t).abs(), pred_local, target_local, grid, axes, reduction)
+
+
+def relative_l2_error(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    grid: ProcessGrid,
+    axes: Sequence[int] | None = None,
+    per_sample: bool = False,
+) -> torch.Tensor:
+    """Collective over grid. Relative L2 error ``||pred - target|| / ||target||`` of the global field.
+
+    Parameters
+    ----------
+    pred, target : torch.Tensor
+        This rank's blocks ``[N, ...]`` (same shape).
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        Grid axes along which the blocks differ (default: all).
+    per_sample : bool
+        False: one ratio of norms over the whole tensor. True: the ratio per sample
+        (dim 0, not split) averaged over the batch (the usual neural-operator metric).
+
+    Returns
+    -------
+    torch.Tensor
+        0-d, the same on every rank; differentiable.
+
+    Raises
+    ------
+    ValueError
+        If the blocks' shapes differ on any rank (raised on every rank).
+    """
+    check_grid(grid)
+    _check_tensor(pred, "pred")
+    _check_tensor(target, "target")
+    err = _pair_error(pred, target)
+    if per_sample:
+        if err is None and pred.dim() == 0:
+            err = "per_sample=True needs blocks with a batch dim"
+        n = pred.shape[0] if pred.dim() else 1
+
+        def terms() -> list[torch.Tensor]:
+            dims = tuple(range(1, pred.dim()))
+            d = ((pred - target) ** 2).sum(dims) if dims else (pred - target) ** 2
+            t = (target**2).sum(dims) if dims else target**2
+            return [d, t]
+
+        s = _reduce(terms, 2 * n, err, grid, axes, pred.device)
+        out = (torch.sqrt(s[:n]) / torch.sqrt(s[n:])).mean()
+    else:
+        s = _reduce(lambda: [((pred - target) ** 2).sum(), (target**2).sum()], 2, err, grid, axes, pred.device)
+        out = torch.sqrt(s[0]) / torch.sqrt(s[1])
+    return out.to(torch.promote_types(pred.dtype, target.dtype))

@@ -1,0 +1,188 @@
+"""Gradient synchronisation (and parameter broadcast) for modules on a process grid.
+
+Why gradients need summing: a *replicated* parameter (one without ``hpctp_layout``, e.g.
+a convolution kernel or a norm's ``weight``) is applied to every rank's block of a
+spatially partitioned field. The global loss is a sum over the whole field, so the true
+gradient is the sum over blocks; after ``loss.backward()`` each rank holds only its own
+block's *partial* gradient. :func:`sync_gradients` all-reduces (sums) them, after which
+every rank holds the single-process gradient and identical optimiser steps keep the
+replicas identical. Do not average: with a global loss (e.g.
+:func:`hpctp.nn.global_mse_loss`) the sum is exact.
+
+A *sharded* parameter (with ``hpctp_layout``) already holds the full gradient of its
+block along the grid axes that shard it; along its replicated axes
+(``layout.replicated_axes``) the ranks hold partial gradients, summed over those axes'
+sub-communicators.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from .. import comm as C
+from ..comm import ProcessGrid
+from ..layout import Layout
+from .autograd_comm import check_grid, comms_for_axes, normalize_axes
+
+__all__ = ["sync_gradients", "broadcast_parameters", "gradient_buckets"]
+
+BucketKey = tuple[torch.device, torch.dtype, tuple[int, ...]]
+
+
+def _reduce_axes(p: torch.nn.Parameter, grid: ProcessGrid, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
+    layout = getattr(p, "hpctp_layout", None)
+    if layout is None:
+        return axes
+    if not isinstance(layout, Layout) or layout.grid_dims != grid.dims:
+        raise ValueError(
+            f"parameter {name!r}: hpctp_layout must be a Layout on a grid of dims {grid.dims}, got {layout}"
+        )
+    return tuple(a for a in layout.replicated_axes if a in axes)
+
+
+def gradient_buckets(
+    module: torch.nn.Module, grid: ProcessGrid, axes: Sequence[int] | None = None
+) -> dict[BucketKey, list[tuple[str, torch.nn.Parameter]]]:
+    """Local. How :func:`sync_gradients` groups the trainable parameters.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        Grid axes along which ranks hold different data (default: all).
+
+    Returns
+    -------
+    dict
+        ``(device, dtype, reduction axes) -> [(name, parameter), ...]`` in
+        ``named_parameters()`` order, only for non-empty reduction axes.
+
+    Raises
+    ------
+    ValueError
+        If a parameter's ``hpctp_layout`` is not a Layout on ``grid``.
+    """
+    check_grid(grid)
+    ax = normalize_axes(grid, axes)
+    buckets: dict[BucketKey, list[tuple[str, torch.nn.Parameter]]] = defaultdict(list)
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        red = _reduce_axes(p, grid, ax, name)
+        if red and any(grid.dims[a] > 1 for a in red):
+            buckets[(p.device, p.dtype, red)].append((name, p))
+    return dict(buckets)
+
+
+def sync_gradients(module: torch.nn.Module, grid: ProcessGrid, axes: Sequence[int] | None = None) -> None:
+    """Collective over grid. Sum the partial gradients of ``module``'s parameters over the ranks.
+
+    Replicated parameters (no ``hpctp_layout``) are summed over the grid ``axes`` (default:
+    the whole grid, one ``Allreduce`` on the grid communicator per bucket); sharded
+    parameters over ``layout.replicated_axes`` (intersected with ``axes``), one
+    ``Allreduce`` per sub-communicator and bucket. Gradients are packed into one flat
+    buffer per (device, dtype, axes) bucket, so a model makes a handful of MPI calls.
+
+    A parameter whose ``.grad`` is None on this rank contributes zeros; its gradient stays
+    None only if it is None on every rank (a flag per parameter travels in the buffer).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The same module structure on every rank.
+    grid : ProcessGrid
+    axes : sequence of int, optional
+        Grid axes along which ranks hold *different* parts of the data, i.e. along which
+        gradients are partial (default: all). Ranks along other axes compute identical
+        replicas and are not summed.
+
+    Returns
+    -------
+    None
+        ``p.grad`` is overwritten with the sum on every rank.
+
+    Raises
+    ------
+    ValueError
+        On invalid ``axes`` or an ``hpctp_layout`` of another grid (same on every rank).
+    TypeError
+        If ``grid`` is not a ProcessGrid.
+
+    Notes
+    -----
+    Call it after ``loss.backward()`` and before ``optimizer.step()``, with the loss a
+    global one (e.g. :func:`hpctp.nn.global_mse_loss`): then every rank's ``.grad``
+    equals the single-process gradient. Sparse gradients are not supported.
+    """
+    buckets = gradient_buckets(module, grid, axes)
+    with torch.no_grad():
+        for key, params in buckets.items():
+            _reduce_bucket(grid, key, params)
+
+
+def _reduce_bucket(grid: ProcessGrid, key: BucketKey, params: list[tuple[str, torch.nn.Parameter]]) -> None:
+    device, dtype, red = key
+    parts = []
+    for name, p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            raise ValueError(f"parameter {name!r} has a sparse gradient; sync_gradients needs dense ones")
+        parts.append(p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device))
+    flags = torch.tensor([0.0 if p.grad is None else 1.0 for _, p in params], device=device).to(dtype)
+    buf = torch.cat(parts + [flags])
+    for c in comms_for_axes(grid, red):
+        C.allreduce(c, buf, "sum")
+    had = buf[buf.numel() - len(params) :]
+    offset = 0
+    for i, (_, p) in enumerate(params):
+        n = p.numel()
+        total = buf[offset : offset + n].view_as(p)
+        offset += n
+        if p.grad is not None:
+            p.grad.copy_(total)
+        elif bool(had[i] != 0):
+            p.grad = total.clone()
+
+
+def broadcast_parameters(module: torch.nn.Module, grid: ProcessGrid, root: int = 0) -> None:
+    """Collective over grid. Copy ``root``'s replicated parameters and buffers to every rank.
+
+    Makes replicas identical after a rank-dependent initialisation. Parameters with
+    ``hpctp_layout`` (sharded) are left alone; buffers (e.g. running statistics) are
+    treated as replicated. One ``Bcast`` per (device, dtype).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The same module structure on every rank.
+    grid : ProcessGrid
+    root : int
+        Grid rank whose values win.
+
+    Raises
+    ------
+    ValueError
+        If ``root`` is not a rank of ``grid``.
+    """
+    check_grid(grid)
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < grid.size:
+        raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for p in module.parameters():
+        if getattr(p, "hpctp_layout", None) is None:
+            groups[(p.device, p.dtype)].append(p)
+    for b in module.buffers():
+        groups[(b.device, b.dtype)].append(b)
+    if grid.size == 1:
+        return
+    with torch.no_grad():
+        for ts in groups.values():
+            buf = torch.cat([t.reshape(-1) for t in ts])
+            C.bcast(grid.comm, buf, root)
+            offset = 0
+            for t in ts:
+                t.copy_(buf[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()

@@ -1,0 +1,141 @@
+"""Spatially partitioned pooling layers: drop-in ``torch.nn.MaxPool2d/3d``, ``AvgPool2d/3d``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import functional as HF
+from ._window import full_split
+from .conv import _check_grid, _Spatial
+
+__all__ = ["AvgPool2d", "AvgPool3d", "MaxPool2d", "MaxPool3d"]
+
+_DOC = """Collective over grid. ``torch.nn.{name}`` on a field cut over ``grid`` along its spatial dims.
+
+    Same arguments as ``torch.nn.{name}`` {extra}, plus the keyword-only ones below. ``forward``
+    takes this rank's ``(N, C, *spatial)`` block or a :class:`hpctp.DistTensor` and returns
+    this rank's block of the global output (balanced blocks over the same grid axes).
+    Windows crossing block edges read the neighbours' data; windows crossing the global
+    edge follow torch's padding rules (``-inf`` for max, torch's divisors for average).
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    split : sequence of (int or None), optional
+        Grid axis of each spatial dim; default spatial dim ``i`` over grid axis ``i``.
+    overlap : bool
+        Pool the interior while the halo is in flight (default True).
+
+    Raises
+    ------
+    ValueError
+        On every rank: bad split, wrong input dims, too-large padding, ``return_indices``.
+    """
+
+
+class _MaxMixin(_Spatial):
+    _nd = 2
+    _fn: Callable[..., Any]
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+        *,
+        grid: Any,
+        split: Sequence[int | None] | None = None,
+        overlap: bool = True,
+    ) -> None:
+        grid = _check_grid(grid)
+        full_split(split, self._nd, grid.ndim)
+        if return_indices:
+            raise ValueError("return_indices=True is not supported by partitioned max pooling")
+        super().__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)  # type: ignore[call-arg]
+        self._setup(grid, split, self._nd, overlap)
+
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. This rank's output block."""
+        m: Any = self
+        return type(self)._fn(
+            x,
+            m.kernel_size,
+            m.stride,
+            m.padding,
+            m.dilation,
+            m.ceil_mode,
+            grid=self.grid,
+            split=self.split,
+            overlap=self.overlap,
+        )
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+
+
+class _AvgMixin(_Spatial):
+    _nd = 2
+    _fn: Callable[..., Any]
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+        *,
+        grid: Any,
+        split: Sequence[int | None] | None = None,
+        overlap: bool = True,
+    ) -> None:
+        grid = _check_grid(grid)
+        full_split(split, self._nd, grid.ndim)
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)  # type: ignore[call-arg]
+        self._setup(grid, split, self._nd, overlap)
+
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. This rank's output block."""
+        m: Any = self
+        return type(self)._fn(
+            x,
+            m.kernel_size,
+            m.stride,
+            m.padding,
+            m.ceil_mode,
+            m.count_include_pad,
+            m.divisor_override,
+            grid=self.grid,
+            split=self.split,
+            overlap=self.overlap,
+        )
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+
+
+class MaxPool2d(_MaxMixin, torch.nn.MaxPool2d):
+    __doc__ = _DOC.format(name="MaxPool2d", extra="(``return_indices`` must be False)")
+    _nd, _fn = 2, staticmethod(HF.max_pool2d)
+
+
+class MaxPool3d(_MaxMixin, torch.nn.MaxPool3d):
+    __doc__ = _DOC.format(name="MaxPool3d", extra="(``return_indices`` must be False)")
+    _nd, _fn = 3, staticmethod(HF.max_pool3d)
+
+
+class AvgPool2d(_AvgMixin, torch.nn.AvgPool2d):
+    __doc__ = _DOC.format(name="AvgPool2d", extra="")
+    _nd, _fn = 2, staticmethod(HF.avg_pool2d)
+
+
+class AvgPool3d(_AvgMixin, torch.nn.AvgPool3d):
+    __doc__ = _DOC.format(name="AvgPool3d", extra="")
+    _nd, _fn = 3, staticmethod(HF.avg_pool3d)

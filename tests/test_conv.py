@@ -1,0 +1,218 @@
+"""Partitioned Conv1d/2d/3d and ConvTranspose2d/3d vs single-process torch on the gathered field."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_conv_common import compare_layer, global_field, make_layout
+
+import hpctp
+from hpctp.nn import functional as HF
+from hpctp.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
+from hpctp.nn.pool import MaxPool2d
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+pytestmark = pytest.mark.mpi
+F64 = torch.float64
+
+# (kernel, stride, dilation, padding, padding_mode, groups, bias, skew): a representative subset
+CONV2D_CASES = [
+    (1, 1, 1, 0, "zeros", 1, True, False),
+    (3, 1, 1, 1, "zeros", 1, True, True),
+    (3, 2, 1, 1, "circular", 1, True, False),
+    (5, 1, 2, 3, "reflect", 1, False, True),
+    (5, 2, 1, 2, "zeros", 2, True, True),
+    (3, 2, 2, 0, "replicate", 1, True, False),
+    ((3, 5), 1, 1, "same", "zeros", 1, True, True),
+]
+
+
+def _pair(torch_cls: type, ours: type, grid: hpctp.ProcessGrid, *args: object, **kw: object) -> tuple:
+    mine = ours(*args, grid=grid, seed=7, dtype=F64, **kw)
+    torch.manual_seed(7)
+    ref = torch_cls(*args, dtype=F64, **kw)
+    return mine, ref
+
+
+@pytest.mark.parametrize("case", CONV2D_CASES, ids=lambda c: "k{}s{}d{}p{}-{}-g{}".format(*c[:6]))
+def test_conv2d_matches_torch(grid2d: hpctp.ProcessGrid, case: tuple) -> None:
+    k, s, d, p, mode, groups, bias, skew = case
+    mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 4, 4, k, s, p, d, groups, bias, mode)
+    assert_equal(grid2d, mine.weight.detach(), ref.weight.detach(), "seeded init equals torch's")
+    params = [mine.weight] + ([mine.bias] if bias else [])
+    rparams = [ref.weight] + ([ref.bias] if bias else [])
+    compare_layer(grid2d, mine, ref, (2, 4, 11, 9), (None, None, 0, 1), params, rparams, skew)
+
+
+def test_conv2d_no_overlap_and_plain_blocks(grid2d: hpctp.ProcessGrid) -> None:
+    """overlap=False gives the same result; plain-tensor input infers the (uneven) layout."""
+    mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 2, 3, 3, 2, 1)
+    lay = make_layout(grid2d, (1, 2, 10, 7), (None, None, 0, 1), skew=True)
+    X = global_field(lay.global_shape, 3)
+    x = X[lay.local_slices(grid2d.coords)].contiguous()
+    y_plain = mine(x)
+    mine.overlap = False
+    y_dist = mine(hpctp.DistTensor(x, grid2d, lay))
+    R = ref(X)
+    assert_allclose(grid2d, y_plain.detach(), y_dist.local.detach(), rtol=1e-13, what="overlap vs not")
+    assert_allclose(grid2d, y_plain.detach(), R.detach()[y_dist.layout.local_slices(grid2d.coords)], rtol=1e-10)
+
+
+def test_conv1d_matches_torch(grid1d: hpctp.ProcessGrid) -> None:
+    mine, ref = _pair(torch.nn.Conv1d, Conv1d, grid1d, 2, 3, 5, 2, 2, 1, 1, True, "circular")
+    compare_layer(
+        grid1d, mine, ref, (2, 2, 13), (None, None, 0), [mine.weight, mine.bias], [ref.weight, ref.bias], True
+    )
+
+
+@pytest.mark.parametrize("case", [(3, 1, 1, 1, "zeros"), (3, 2, 2, 2, "circular")], ids=["k3s1", "k3s2d2-circ"])
+def test_conv3d_matches_torch(grid3d: hpctp.ProcessGrid, case: tuple) -> None:
+    k, s, d, p, mode = case
+    mine, ref = _pair(torch.nn.Conv3d, Conv3d, grid3d, 2, 3, k, s, p, d, 1, True, mode)
+    compare_layer(
+        grid3d,
+        mine,
+        ref,
+        (1, 2, 5, 6, 7),
+        (None, None, 0, 1, 2),
+        [mine.weight, mine.bias],
+        [ref.weight, ref.bias],
+        skew=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(3, 1, 0, 0, 1), (3, 2, 1, 1, 1), (2, 3, 0, 1, 2), (1, 2, 0, 0, 1)],
+    ids=lambda c: "k{}s{}p{}op{}d{}".format(*c),
+)
+def test_conv_transpose2d_matches_torch(grid2d: hpctp.ProcessGrid, case: tuple) -> None:
+    k, s, p, op, d = case
+    mine, ref = _pair(torch.nn.ConvTranspose2d, ConvTranspose2d, grid2d, 3, 2, k, s, p, op, 1, True, d)
+    compare_layer(
+        grid2d, mine, ref, (1, 3, 5, 4), (None, None, 0, 1), [mine.weight, mine.bias], [ref.weight, ref.bias], True
+    )
+
+
+def test_conv_transpose3d_matches_torch(grid3d: hpctp.ProcessGrid) -> None:
+    mine, ref = _pair(torch.nn.ConvTranspose3d, ConvTranspose3d, grid3d, 2, 2, 3, 2, 1, 1)
+    compare_layer(
+        grid3d, mine, ref, (1, 2, 3, 4, 3), (None, None, 0, 1, 2), [mine.weight, mine.bias], [ref.weight, ref.bias]
+    )
+
+
+def test_conv_stack_trains_like_torch(grid2d: hpctp.ProcessGrid) -> None:
+    """Conv -> ReLU -> strided conv -> transposed conv: outputs, and weight gradients after
+    ``hpctp.nn.sync_gradients``."""
+    a, ra = _pair(torch.nn.Conv2d, Conv2d, grid2d, 2, 3, 3, 1, 1)
+    b, rb = _pair(torch.nn.Conv2d, Conv2d, grid2d, 3, 3, 3, 2, 1)
+    c, rc = _pair(torch.nn.ConvTranspose2d, ConvTranspose2d, grid2d, 3, 2, 2, 2)
+
+    def mine(t: hpctp.DistTensor) -> hpctp.DistTensor:
+        h = a(t)
+        return c(b(hpctp.DistTensor(torch.relu(h.local), h.grid, h.layout)))
+
+    def ref(t: torch.Tensor) -> torch.Tensor:
+        return rc(rb(torch.relu(ra(t))))
+
+    ps = [m.weight for m in (a, b, c)] + [m.bias for m in (a, b, c)]
+    rs = [m.weight for m in (ra, rb, rc)] + [m.bias for m in (ra, rb, rc)]
+    compare_layer(
+        grid2d, mine, ref, (1, 2, 9, 10), (None, None, 0, 1), ps, rs, skew=True, sync=torch.nn.ModuleList([a, b, c])
+    )
+
+
+def test_conv_sends_exactly_the_needed_input(grid2d: hpctp.ProcessGrid) -> None:
+    """CommCounter: a DistTensor forward sends only the input cells other ranks' outputs need."""
+    conv = Conv2d(2, 2, 3, stride=2, padding=1, grid=grid2d, seed=1, dtype=F64)
+    lay = make_layout(grid2d, (1, 2, 11, 9), (None, None, 0, 1), skew=False)
+    x = hpctp.DistTensor(global_field(lay.global_shape, 0)[lay.local_slices(grid2d.coords)], grid2d, lay)
+    with hpctp.CommCounter() as cnt, torch.no_grad():
+        y = conv(x)
+    out = y.layout
+    recv = 0
+    me = lay.local_ranges(grid2d.coords)
+    o = out.local_ranges(grid2d.coords)
+    need = (
+        [(o[d][0] * 2 - 1, (o[d][1] - 1) * 2 - 1 + 3) for d in (2, 3)]
+        if math.prod(out.local_shape(grid2d.coords))
+        else None
+    )
+    if need:
+        cells = [max(0, min(hi, n) - max(lo, 0)) for (lo, hi), n in zip(need, lay.global_shape[2:])]
+        own = [max(0, min(hi, b) - max(lo, a)) for (lo, hi), (a, b) in zip(need, me[2:])]
+        recv = (math.prod(cells) - math.prod(own)) * 2 * 8
+    ok = cnt.bytes_recv == recv and set(cnt.calls) <= {"Isend", "Irecv"}
+    assert_all(grid2d, ok, f"received {cnt.bytes_recv} bytes via {cnt.calls}, expected {recv} via Isend/Irecv")
+    total = np.array([cnt.bytes_sent, cnt.bytes_recv], dtype=np.int64)
+    hpctp.comm.allreduce(grid2d.comm, total, "sum")
+    assert_all(grid2d, total[0] == total[1], f"sent {total[0]} != received {total[1]} over the grid")
+
+
+def test_bad_inputs_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    conv = Conv2d(2, 2, 3, grid=grid2d, seed=0, dtype=F64)
+    with pytest.raises(ValueError, match="expected a batched 4-D"):
+        conv(torch.zeros(2, 5, 5, dtype=F64))
+    with pytest.raises(ValueError, match="channels"):
+        conv(torch.zeros(1, 3, 5, 5, dtype=F64))
+    with pytest.raises(ValueError, match="kernel extent"):  # global field smaller than the kernel
+        conv(torch.zeros(1, 2, 1, 1, dtype=F64))
+    with pytest.raises(ValueError, match="batch and channel"):
+        Conv2d(2, 2, 3, grid=grid2d, split=(0, None, None, 1))
+    with pytest.raises(ValueError, match="one entry per spatial dim"):
+        Conv2d(2, 2, 3, grid=grid2d, split=(0,))
+    if grid2d.size > 1:
+        with pytest.raises(ValueError, match="differs between ranks"):  # batch sizes disagree
+            conv(torch.zeros(1 + grid2d.rank, 2, 4, 4, dtype=F64))
+    with pytest.raises(ValueError, match="output_size"):
+        ConvTranspose2d(2, 2, 3, grid=grid2d, seed=0)(torch.zeros(1, 2, 4, 4), output_size=(9, 9))
+
+
+def test_default_init_is_identical_everywhere(grid2d: hpctp.ProcessGrid) -> None:
+    torch.manual_seed(100 + grid2d.rank)  # different RNG per rank: the broadcast makes them equal
+    conv = Conv2d(2, 3, 3, grid=grid2d)
+    w = conv.weight.detach().clone()
+    hpctp.comm.bcast(grid2d.comm, w, 0)
+    assert_equal(grid2d, conv.weight.detach(), w, "weights equal rank 0's")
+
+
+def test_functional_conv_plain_blocks(grid1d: hpctp.ProcessGrid) -> None:
+    """Functional API on plain blocks with a 1-D grid splitting H only (W whole)."""
+    X = global_field((1, 2, 9, 6), 4)
+    lay = make_layout(grid1d, X.shape, (None, None, 0, None), skew=True)
+    w = global_field((3, 2, 3, 3), 5)
+    y = HF.conv2d(X[lay.local_slices(grid1d.coords)], w, None, 1, 1, grid=grid1d, split=(0, None))
+    R = torch.nn.functional.conv2d(X, w, None, 1, 1)
+    out = hpctp.layout.Layout(R.shape, grid1d.dims, (None, None, 0, None))
+    assert_allclose(grid1d, y, R[out.local_slices(grid1d.coords)], rtol=1e-10)
+
+
+def test_empty_blocks(grid2d: hpctp.ProcessGrid) -> None:
+    """H smaller than the grid: some ranks hold empty input and/or output blocks."""
+    for stride in (1, 2):
+        mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 2, 2, 3, stride, 1)
+        compare_layer(
+            grid2d, mine, ref, (1, 2, 2, 5), (None, None, 0, 1), [mine.weight, mine.bias], [ref.weight, ref.bias]
+        )
+    compare_layer(
+        grid2d, MaxPool2d(2, 1, 1, grid=grid2d), torch.nn.MaxPool2d(2, 1, 1), (1, 1, 1, 3), (None, None, 0, 1)
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_blocks(grid2d: hpctp.ProcessGrid) -> None:
+    """CUDA blocks stay on the device (staged through the comm layer if MPI is not CUDA-aware)."""
+    mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 2, 2, 3, 1, 1)
+    mine, ref = mine.cuda(), ref.cuda()
+    lay = make_layout(grid2d, (1, 2, 9, 7), (None, None, 0, 1), skew=True)
+    X = global_field(lay.global_shape, 0).cuda()
+    x = X[lay.local_slices(grid2d.coords)].contiguous().requires_grad_()
+    y = mine(hpctp.DistTensor(x, grid2d, lay))
+    R = ref(X)
+    assert_all(grid2d, y.local.is_cuda, "output on the device")
+    assert_allclose(grid2d, y.local.detach().cpu(), R.detach().cpu()[y.layout.local_slices(grid2d.coords)], rtol=1e-10)
+    y.local.sum().backward()
+    assert_all(grid2d, x.grad is not None and x.grad.is_cuda, "input gradient on the device")

@@ -1,0 +1,78 @@
+"""Shared helpers for the partitioned-layer tests (compare with torch on the gathered field)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+import torch
+
+import hpctp
+from hpctp.comm import allreduce
+from hpctp.layout import Layout, block_cuts
+from hpctp.testing import assert_allclose, assert_equal
+
+pytestmark = pytest.mark.mpi
+
+RTOL = 1e-10
+
+
+def skewed_cuts(n: int, parts: int) -> tuple[int, ...]:
+    """Uneven cuts: a 1-cell first block (when possible), the rest balanced."""
+    if parts == 1 or n < parts:
+        return block_cuts(n, parts)
+    rest = block_cuts(n - 1, parts - 1)
+    return (0,) + tuple(1 + c for c in rest)
+
+
+def make_layout(grid: hpctp.ProcessGrid, shape: Sequence[int], split: Sequence[int | None], skew: bool) -> Layout:
+    cuts = None
+    if skew:
+        cuts = tuple(None if g is None else skewed_cuts(n, grid.dims[g]) for n, g in zip(shape, split))
+    return Layout(tuple(shape), grid.dims, tuple(split), cuts or ())
+
+
+def global_field(shape: Sequence[int], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def compare_layer(
+    grid: hpctp.ProcessGrid,
+    layer: Callable[[hpctp.DistTensor], hpctp.DistTensor],
+    ref: Callable[[torch.Tensor], torch.Tensor],
+    shape: Sequence[int],
+    split: Sequence[int | None],
+    params: Sequence[torch.Tensor] = (),
+    ref_params: Sequence[torch.Tensor] = (),
+    skew: bool = False,
+    sync: torch.nn.Module | None = None,
+) -> hpctp.DistTensor:
+    """Forward and backward of ``layer`` on this rank's block vs ``ref`` on the whole field.
+
+    Checks the output block, the input gradient block and the parameter gradients summed
+    over the grid (float64, rtol 1e-10), collectively: with ``hpctp.nn.sync_gradients(sync)``
+    if a module is given, else by a plain all-reduce of each gradient.
+    """
+    layout = make_layout(grid, shape, split, skew)
+    X = global_field(shape, 1)
+    x = X[layout.local_slices(grid.coords)].clone().requires_grad_()
+    y = layer(hpctp.DistTensor(x, grid, layout))
+    Xr = X.clone().requires_grad_()
+    R = ref(Xr)
+    assert_equal(grid, np.array(y.global_shape), np.array(R.shape), "global output shape")
+    sl = y.layout.local_slices(grid.coords)
+    assert_allclose(grid, y.local.detach(), R.detach()[sl], rtol=RTOL, atol=1e-12, what="forward")
+    GY = global_field(R.shape, 2)
+    (y.local * GY[sl]).sum().backward()
+    (R * GY).sum().backward()
+    assert_allclose(grid, x.grad, Xr.grad[layout.local_slices(grid.coords)], rtol=RTOL, atol=1e-12, what="input grad")
+    if sync is not None:
+        hpctp.nn.sync_gradients(sync, grid)
+    for p, q in zip(params, ref_params):
+        g = p.grad.detach().clone().contiguous()
+        if sync is None:
+            allreduce(grid.comm, g, "sum")
+        assert_allclose(grid, g, q.grad, rtol=RTOL, atol=1e-11, what="parameter grad (sum over ranks)")
+    return y

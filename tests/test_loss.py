@@ -1,0 +1,115 @@
+"""Global losses and reductions equal torch on the gathered field, with exact gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hpctp
+from hpctp.layout import Layout
+from hpctp.nn import loss as L
+from hpctp.testing import assert_allclose
+
+F64 = torch.float64
+
+
+def field(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def rel_l2(p: torch.Tensor, t: torch.Tensor, per_sample: bool) -> torch.Tensor:
+    if per_sample:
+        return (
+            torch.linalg.vector_norm((p - t).flatten(1), dim=1) / torch.linalg.vector_norm(t.flatten(1), dim=1)
+        ).mean()
+    return torch.linalg.vector_norm(p - t) / torch.linalg.vector_norm(t)
+
+
+CASES = {
+    "mse": (lambda p, t, g: L.global_mse_loss(p, t, g), lambda p, t: torch.nn.functional.mse_loss(p, t)),
+    "mse_sum": (
+        lambda p, t, g: L.global_mse_loss(p, t, g, reduction="sum"),
+        lambda p, t: torch.nn.functional.mse_loss(p, t, reduction="sum"),
+    ),
+    "l1": (lambda p, t, g: L.global_l1_loss(p, t, g), lambda p, t: torch.nn.functional.l1_loss(p, t)),
+    "sum": (lambda p, t, g: L.global_sum(p * t, g), lambda p, t: (p * t).sum()),
+    "mean": (lambda p, t, g: L.global_mean(p**2 * t, g), lambda p, t: (p**2 * t).mean()),
+    "rel_l2": (lambda p, t, g: L.relative_l2_error(p, t, g), lambda p, t: rel_l2(p, t, False)),
+    "rel_l2_sample": (lambda p, t, g: L.relative_l2_error(p, t, g, per_sample=True), lambda p, t: rel_l2(p, t, True)),
+}
+
+
+@pytest.mark.mpi
+def test_losses_match_torch(grid2d) -> None:  # type: ignore[no-untyped-def]
+    shape = (2, 3, 7, 9)
+    layout = Layout(shape, grid2d.dims, (None, None, 0, 1))
+    sl = layout.local_slices(grid2d.coords)
+    p, t = field(shape, 1), field(shape, 2)
+    for name, (dist, ref) in CASES.items():
+        pg = p.clone().requires_grad_(True)
+        want = ref(pg, t)
+        want.backward()
+        pl = p[sl].clone().requires_grad_(True)
+        got = dist(pl, t[sl], grid2d)
+        got.backward()
+        assert_allclose(grid2d, got.detach(), want.detach(), rtol=1e-12, what=f"{name} value")
+        assert_allclose(grid2d, pl.grad, pg.grad[sl], rtol=1e-10, atol=1e-14, what=f"{name} grad")
+
+
+@pytest.mark.mpi
+def test_replicated_axis_counted_once(grid2d) -> None:  # type: ignore[no-untyped-def]
+    """Blocks split over grid axis 1 only (replicas along axis 0): axes=(1,) gives the global values."""
+    shape = (2, 3, 4, 9)
+    layout = Layout(shape, grid2d.dims, (None, None, None, 1))
+    sl = layout.local_slices(grid2d.coords)
+    p, t = field(shape, 3), field(shape, 4)
+    pl = p[sl].clone().requires_grad_(True)
+    got = L.global_mse_loss(pl, t[sl], grid2d, axes=(1,))
+    got.backward()
+    pg = p.clone().requires_grad_(True)
+    want = torch.nn.functional.mse_loss(pg, t)
+    want.backward()
+    assert_allclose(grid2d, got.detach(), want.detach(), rtol=1e-12)
+    assert_allclose(grid2d, pl.grad, pg.grad[sl], rtol=1e-10)
+    assert_allclose(grid2d, L.global_sum(t[sl], grid2d, axes=(1,)), t.sum(), rtol=1e-12)
+
+
+@pytest.mark.mpi
+def test_empty_blocks_and_float32(grid2d) -> None:  # type: ignore[no-untyped-def]
+    """Ranks with empty blocks contribute nothing; float32 inputs give float32 results."""
+    shape = (1, 1, 2, 1)  # most ranks of a 2x2 / 4x1 grid hold nothing
+    layout = Layout(shape, grid2d.dims, (None, None, 0, 1))
+    sl = layout.local_slices(grid2d.coords)
+    p = torch.tensor([3.0, 5.0], dtype=torch.float32).reshape(shape)
+    got = L.global_mean(p[sl], grid2d)
+    assert_allclose(grid2d, got, torch.tensor(4.0), rtol=0)
+    assert_allclose(grid2d, int(got.dtype == torch.float32), 1)
+
+
+@pytest.mark.mpi
+def test_bad_inputs_raise_everywhere(grid2d) -> None:  # type: ignore[no-untyped-def]
+    p = torch.zeros(2, 3, dtype=F64)
+    t = torch.zeros(2, 4 if grid2d.rank == grid2d.size - 1 else 3, dtype=F64)  # wrong on the last rank only
+    with pytest.raises(ValueError, match="shape|invalid input"):
+        L.global_mse_loss(p, t, grid2d)
+    with pytest.raises(ValueError, match="shape|invalid input"):
+        L.relative_l2_error(p, t, grid2d, per_sample=True)
+    with pytest.raises(ValueError, match="reduction"):
+        L.global_l1_loss(p, p, grid2d, reduction="max")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        L.global_sum([1.0], grid2d)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ProcessGrid"):
+        L.global_mean(p, grid2d.comm)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not an axis"):
+        L.global_sum(p, grid2d, axes=(5,))
+    # the collective still works afterwards
+    assert_allclose(grid2d, L.global_sum(torch.ones(2, dtype=F64), grid2d), torch.tensor(2.0 * grid2d.size))
+
+
+def test_single_rank_grid_is_local() -> None:
+    from mpi4py import MPI
+
+    with hpctp.ProcessGrid((1,), comm=MPI.COMM_SELF) as g, hpctp.CommCounter() as cc:
+        x = field((2, 5), 0)
+        torch.testing.assert_close(L.global_mse_loss(x, 2 * x, g), torch.nn.functional.mse_loss(x, 2 * x))
+    assert cc.calls == {}
