@@ -120,5 +120,5 @@ def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | No
     if cfg["model"] == "unet":
         return UNet(channels, cfg["width"], cfg["levels"], grid, cfg["seed"], dtype)
     if cfg["model"] == "cnn":
-        return ResidualCNN(channels, cfg["width"], cfg.get("depth", 3), grid, cfg["seed"], dtype)
+        return ResidualCNN(channels, cfg["width"], cfg["depth"], grid, cfg["seed"], dtype)
     raise ValueError(f"surrogate.model must be 'unet' or 'cnn', got {cfg['model']!r}")
