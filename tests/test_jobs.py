@@ -210,7 +210,9 @@ def test_mpirun_pipeline_defaults() -> None:
     assert [c[:2] for c in cmds] == [["timeout", "3600"]] * 3
     assert all(c[3:5] == ["-n", "4"] for c in cmds)
     assert cmds[0][-4:] == ["--config", "apps/configs/default.toml", "--out", "out/data.h5"]
-    assert cmds[1][-2:] == ["--out", "out/run"] and "--resume" not in cmds[1]
+    resumed = (ROOT / "out" / "run" / "checkpoint.h5").exists()  # e.g. after `make demo`: RESUME=auto
+    train = [a for a in cmds[1] if a != "--resume"]
+    assert train[-2:] == ["--out", "out/run"] and ("--resume" in cmds[1]) == resumed
     assert cmds[2][-2:] == ["--checkpoint", "out/run/checkpoint.h5"]
 
 
@@ -260,7 +262,7 @@ def test_pbs_script_ranks_and_launcher_flags(tmp_path: Path) -> None:
     }
     for flavor, args in want.items():
         env = _env(DRY_RUN="1", PBS_O_WORKDIR=str(ROOT), PBS_NODEFILE=str(nodefile), MPI_FLAVOR=flavor,
-                   MPIEXEC="mpiexec", OMP_NUM_THREADS="1")  # fmt: skip
+                   MPIEXEC="mpiexec", OMP_NUM_THREADS="1", RESUME="0")  # fmt: skip
         proc = _run([BASH, str(copy)], env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         (cmd,) = _commands(proc.stdout)
