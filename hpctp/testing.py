@@ -14,9 +14,8 @@ import math
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
-
 from .backend import backend_name, to_numpy
+from .comm import allreduce, bcast
 
 __all__ = ["CollectiveAssertionError", "assert_all", "assert_allclose", "assert_equal", "grid_shapes", "as_numpy"]
 
@@ -43,9 +42,8 @@ def assert_all(comm: Any, ok: bool, message: str = "") -> None:
     """
     comm = getattr(comm, "comm", comm)
     size = comm.Get_size()
-    me = np.array([comm.Get_rank() if not ok else size], dtype=np.int64)
-    first = np.empty_like(me)
-    comm.Allreduce(me, first, op=MPI.MIN)
+    first = np.array([comm.Get_rank() if not ok else size], dtype=np.int64)
+    allreduce(comm, first, "min")
     f = int(first[0])
     if f == size:
         return
@@ -53,7 +51,7 @@ def assert_all(comm: Any, ok: bool, message: str = "") -> None:
     if comm.Get_rank() == f:
         raw = np.frombuffer(message.encode()[:2000], dtype=np.uint8)
         text[: raw.size] = raw
-    comm.Bcast(text, root=f)
+    bcast(comm, text, root=f)
     msg = text.tobytes().rstrip(b"\0").decode(errors="replace")
     raise CollectiveAssertionError(f"rank {f} of {size}: {msg}")
 

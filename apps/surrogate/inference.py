@@ -62,9 +62,12 @@ class Surrogate:
         split = x.split if batched else (None, *x.split)
         cuts = x.layout.cuts if batched else (None, *x.layout.cuts)
         xin = hpctp.DistTensor(block, self.grid, hpctp.Layout(shape, self.grid.dims, split, cuts))
+        # the layers work on balanced blocks (the U-Net's upsampled path is balanced, and its
+        # residual x + f(x) needs both in one layout): uneven caller blocks go in balanced
+        balanced = hpctp.Layout(shape, self.grid.dims, split)
         with torch.no_grad():
-            y = self.model(xin)
-        if y.layout != xin.layout:  # e.g. uneven caller blocks: back to the caller's layout
+            y = self.model(xin if xin.layout == balanced else xin.redistribute(balanced))
+        if y.layout != xin.layout:  # back to the caller's blocks
             y = y.redistribute(xin.layout)
         out = y.local if batched else y.local[0]
         out = convert(out, x.backend)
