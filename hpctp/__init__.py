@@ -4,7 +4,7 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
-from . import comm, halo, io, layout, linalg, random
+from . import comm, halo, io, layout, linalg, perf, random
 from .comm import CommCounter, ProcessGrid
 from .factories import distribute, empty, from_local, full, ones, zeros
 from .halo import HaloExchange
@@ -32,6 +32,7 @@ __all__ = [
     "layout",
     "linalg",
     "matmul",
+    "perf",
     "ones",
     "random",
     "zeros",

@@ -156,3 +156,21 @@ def test_errors(grid1d, grid2d):  # type: ignore[no-untyped-def]
     row = RowParallelLinear(5, 2, grid2d, axis=1, dtype=F64)
     with pytest.raises(ValueError, match="last dim"):
         row(torch.zeros(3, row.weight.shape[1] + (1 if grid2d.coords[1] == 0 else 0), dtype=F64))
+
+
+@pytest.mark.mpi
+def test_sync_gradients_leaves_completed_linear_gradients_alone(grid1d):  # type: ignore[no-untyped-def]
+    """Tensor-parallel layers complete their gradients in backward; one sync_gradients over
+    the grid (as needed by spatially partitioned layers in the same model) must not sum them again."""
+    from hpctp.nn import sync_gradients
+
+    col = ColumnParallelLinear(5, 7, grid1d, dtype=F64, seed=1)
+    row = RowParallelLinear(7, 3, grid1d, dtype=F64, seed=2)
+    r1, r2 = _reference(col, grid1d, 5, 7), _reference(row, grid1d, 7, 3)
+    X = _global((4, 5), 3)
+    (row(torch.tanh(col(X))) ** 2).sum().backward()
+    (r2(torch.tanh(r1(X))) ** 2).sum().backward()
+    sync_gradients(torch.nn.ModuleList([col, row]), grid1d)
+    for layer, ref in ((col, r1), (row, r2)):
+        assert_allclose(grid1d, layer.weight.grad, _block(layer.weight, ref.weight.grad, grid1d), rtol=1e-12)
+        assert_allclose(grid1d, layer.bias.grad, _block(layer.bias, ref.bias.grad, grid1d), rtol=1e-12)

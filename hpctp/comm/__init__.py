@@ -23,6 +23,7 @@ from .counter import CommCounter, record
 from .cuda import cuda_aware, cuda_aware_reason
 from .device import gpu_count, local_rank, select_device
 from .grid import ProcessGrid
+from .summa_calls import ireduce, reduce
 
 __all__ = [
     "CommCounter",
@@ -42,12 +43,14 @@ __all__ = [
     "gpu_count",
     "ibcast",
     "irecv",
+    "ireduce",
     "isend",
     "local_rank",
     "mpi_buffer",
     "nbytes",
     "raise_if_any",
     "record",
+    "reduce",
     "scatterv",
     "select_device",
     "synchronize",

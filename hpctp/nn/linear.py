@@ -105,6 +105,16 @@ def _parameter(data: torch.Tensor, layout: Layout | None) -> torch.nn.Parameter:
     return p
 
 
+def _mark_complete(module: torch.nn.Module, axes: tuple[int, ...]) -> None:
+    """Record that backward already completes these parameters' gradients along ``axes``.
+
+    :func:`hpctp.nn.sync_gradients` then leaves those axes alone (summing again would count
+    the contributions several times); it still sums along other (e.g. data-parallel) axes.
+    """
+    for p in module.parameters(recurse=False):
+        p.hpctp_grad_reduced = axes  # type: ignore[attr-defined]
+
+
 def _split(ndim: int, dim: int, axis: int) -> tuple[int | None, ...]:
     out: list[int | None] = [None] * ndim
     out[dim] = axis
@@ -241,6 +251,7 @@ class ColumnParallelLinear(torch.nn.Module):
             self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), bl)
         else:
             self.register_parameter("bias", None)
+        _mark_complete(self, (self.axis,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Collective over grid. Ranks along ``axis`` only; ``[..., in] -> [..., out_local]`` (or ``[..., out]``).
@@ -322,6 +333,7 @@ class RowParallelLinear(torch.nn.Module):
             self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), None)
         else:
             self.register_parameter("bias", None)
+        _mark_complete(self, (self.axis,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Collective over grid. Ranks along ``axis`` only; ``[..., in_local] -> [..., out]``.
@@ -442,6 +454,7 @@ class Linear2D(torch.nn.Module):
             self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), bl)
         else:
             self.register_parameter("bias", None)
+        _mark_complete(self, (0, 1))
 
     def _x_layout(self, rows: int) -> Layout:
         """A layout of X that is exact at this rank's grid row (others are never consulted: the

@@ -13,6 +13,10 @@ A *sharded* parameter (with ``hpctp_layout``) already holds the full gradient of
 block along the grid axes that shard it; along its replicated axes
 (``layout.replicated_axes``) the ranks hold partial gradients, summed over those axes'
 sub-communicators.
+
+A parameter whose layer completes its gradient in backward (the tensor-parallel linear
+layers) carries ``hpctp_grad_reduced``, the grid axes already summed over; those axes are
+skipped, so one ``sync_gradients(model, grid)`` is right for models mixing both kinds.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ BucketKey = tuple[torch.device, torch.dtype, tuple[int, ...]]
 
 
 def _reduce_axes(p: torch.nn.Parameter, grid: ProcessGrid, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
+    done = tuple(getattr(p, "hpctp_grad_reduced", ()))  # completed by the layer's own backward
+    axes = tuple(a for a in axes if a not in done)
     layout = getattr(p, "hpctp_layout", None)
     if layout is None:
         return axes
