@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from ..backend import backend_name, is_device
 from ..comm import ProcessGrid
 from ..tensor import DistTensor
@@ -25,7 +27,7 @@ def _check(
     for name, f in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
         if not isinstance(f, bool):
             raise TypeError(f"matmul: {name} must be a bool, got {f!r}")
-    assert isinstance(a, DistTensor) and isinstance(b, DistTensor)
+    a, b = cast(DistTensor, a), cast(DistTensor, b)  # checked just above
     for name, x in (("a", a), ("b", b)):
         if x.ndim != 2:
             raise ValueError(f"matmul needs 2-D tensors, {name} has shape {x.global_shape}")
