@@ -9,7 +9,7 @@ import numpy as np
 
 from . import comm as C
 from .backend import Array, backend_name, check_array, empty_like_backend
-from .comm import ProcessGrid
+from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
 from .layout import Layout, grid_coords, normalize_split
 from .ops.transfer import scatter_block
@@ -20,11 +20,6 @@ __all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full"]
 _MAX_NDIM = 32
 _BACKENDS = ("numpy", "torch", "cuda", "cupy")
 
-
-def _check_grid(grid: object) -> ProcessGrid:
-    if not isinstance(grid, ProcessGrid):
-        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
-    return grid
 
 
 def _backend_key(x: Array) -> str:
@@ -59,7 +54,7 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
     ValueError
         If ``root`` or ``split`` is invalid (raised on every rank).
     """
-    grid = _check_grid(grid)
+    grid = check_grid(grid)
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < grid.size:
         raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
     header = None
@@ -115,7 +110,7 @@ def from_local(
         If dims or dtypes differ between ranks, blocks do not tile, or ``global_shape``
         does not match. Raised on every rank.
     """
-    grid = _check_grid(grid)
+    grid = check_grid(grid)
     error: Exception | None = None
     info = [-1] * (2 + _MAX_NDIM)
     try:
@@ -200,7 +195,7 @@ def empty(
     ValueError
         On a bad shape, split or backend.
     """
-    grid = _check_grid(grid)
+    grid = check_grid(grid)
     layout = Layout(tuple(shape), grid.dims, split)  # type: ignore[arg-type]
     return DistTensor(empty_like_backend(layout.local_shape(grid.coords), dtype, like), grid, layout)
 

@@ -48,12 +48,6 @@ def runtime_info(comm: Any = None) -> dict[str, Any]:
         "h5py": _version("h5py"),
     }
     try:
-        import torch
-
-        info["torch_cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        info["torch_cuda_devices"] = 0
-    try:
         h5py = importlib.import_module("h5py")
         info["h5py_mpi"] = bool(h5py.get_config().mpi)
     except ImportError:

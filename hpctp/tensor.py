@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Array, astype, backend_name, check_array, convert, is_device
-from .comm import ProcessGrid
+from .comm import ProcessGrid, check_grid
 from .layout import Layout
 from .ops.reduce import normalize_axes, reduce_block
 from .ops.transfer import gather_block, redistribute_block
@@ -45,8 +45,7 @@ class DistTensor:
 
     def __init__(self, local: Array, grid: ProcessGrid, layout: Layout) -> None:
         check_array(local, "DistTensor local block")
-        if not isinstance(grid, ProcessGrid):
-            raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
+        check_grid(grid)
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
         if layout.grid_dims != grid.dims:

@@ -14,8 +14,9 @@ import math
 from typing import Any
 
 import numpy as np
+
 from .backend import backend_name, to_numpy
-from .comm import allreduce, bcast
+from .comm import raise_if_any
 
 __all__ = ["CollectiveAssertionError", "assert_all", "assert_allclose", "assert_equal", "grid_shapes", "as_numpy"]
 
@@ -41,19 +42,10 @@ def assert_all(comm: Any, ok: bool, message: str = "") -> None:
         On every rank, naming the lowest failing rank and its message.
     """
     comm = getattr(comm, "comm", comm)
-    size = comm.Get_size()
-    first = np.array([comm.Get_rank() if not ok else size], dtype=np.int64)
-    allreduce(comm, first, "min")
-    f = int(first[0])
-    if f == size:
-        return
-    text = np.zeros(2000, dtype=np.uint8)
-    if comm.Get_rank() == f:
-        raw = np.frombuffer(message.encode()[:2000], dtype=np.uint8)
-        text[: raw.size] = raw
-    bcast(comm, text, root=f)
-    msg = text.tobytes().rstrip(b"\0").decode(errors="replace")
-    raise CollectiveAssertionError(f"rank {f} of {size}: {msg}")
+    try:
+        raise_if_any(comm, None if ok else AssertionError(f"rank {comm.Get_rank()}: {message}"[:2000]))
+    except AssertionError as e:
+        raise CollectiveAssertionError(str(e)) from None
 
 
 def as_numpy(x: Any) -> np.ndarray:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 import hpctp
+from hpctp.nn import relative_l2_error
 
-from ..surrogate.inference import Surrogate, relative_error
+from ..surrogate.inference import Surrogate
 from .grayscott import GrayScott, initial_state
 
 __all__ = ["run_insitu"]
@@ -42,7 +44,7 @@ def run_insitu(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any, checkpoin
         guess = surrogate(hpctp.from_local(block, sgrid, (None, 0, 1))).local  # same shape, no gather
         model.step(state, stride)
         steps += stride
-        errors.append(relative_error(np.asarray(guess), state.local, sim_comm))
+        errors.append(float(relative_l2_error(torch.as_tensor(guess), torch.as_tensor(state.local), sgrid)))
     log.info(
         "in-situ: %d predictions from live blocks, relative L2 error mean %.4f, max %.4f",
         len(errors), float(np.mean(errors)), float(np.max(errors)),

@@ -12,6 +12,7 @@ import hpctp
 from hpctp.io import load_checkpoint
 from hpctp.nn import relative_l2_error
 
+from .blocks import pointwise
 from .data import open_pairs
 from .models import build_model
 
@@ -44,7 +45,7 @@ def evaluate(cfg: dict[str, Any], data: str, checkpoint: str, grid: hpctp.Proces
             x, y = pairs.read_batch([i])
             if y is None:
                 raise RuntimeError(f"{data}: evaluation pairs have no targets")
-            xin = hpctp.DistTensor(x.local.to(dtype), grid, x.layout)
+            xin = pointwise(lambda t: t.to(dtype), x)
             pred = model(xin)
             yt = y.local.to(dtype)
             err_model.append(float(relative_l2_error(pred.local, yt, grid)))

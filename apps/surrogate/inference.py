@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import hpctp
@@ -80,9 +79,3 @@ def factory(grid: hpctp.ProcessGrid, checkpoint: str | None) -> Surrogate:
         raise ValueError("the surrogate needs a checkpoint path (out/run/checkpoint.h5)")
     return Surrogate(grid, checkpoint)
 
-
-def relative_error(pred: np.ndarray, truth: np.ndarray, comm: Any) -> float:
-    """Collective over ``comm``. Global relative L2 error of two sets of blocks."""
-    sums = np.array([np.sum((pred - truth) ** 2), np.sum(truth**2)], dtype=np.float64)
-    hpctp.comm.allreduce(comm, sums, "sum")
-    return float(np.sqrt(sums[0] / sums[1]))

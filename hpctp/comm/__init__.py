@@ -22,7 +22,7 @@ from .collectives import (
 from .counter import CommCounter, record
 from .cuda import cuda_aware, cuda_aware_reason
 from .device import gpu_count, local_rank, select_device
-from .grid import ProcessGrid
+from .grid import ProcessGrid, check_grid
 from .summa_calls import ireduce, reduce
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "barrier",
     "bcast",
     "bcast_ints",
+    "check_grid",
     "cuda_aware",
     "cuda_aware_reason",
     "gatherv",

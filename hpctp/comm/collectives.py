@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -288,7 +287,7 @@ def all_true(comm: MPI.Intracomm, ok: bool) -> bool:
     return bool(allreduce(comm, flag, "min")[0])
 
 
-_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, FileNotFoundError, KeyError, OSError)
+_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, FileNotFoundError, KeyError, OSError, AssertionError)
 
 
 def raise_if_any(comm: MPI.Intracomm, error: Exception | None) -> None:

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from ..layout import grid_coords
 
-__all__ = ["ProcessGrid"]
+__all__ = ["ProcessGrid", "check_grid"]
 
 
 
@@ -167,3 +167,16 @@ class ProcessGrid:
 
     def __repr__(self) -> str:
         return f"ProcessGrid(dims={self.dims}, rank={self.rank}, coords={self.coords})"
+
+
+def check_grid(grid: object) -> ProcessGrid:
+    """Local. Return ``grid`` if it is a :class:`ProcessGrid`, else raise TypeError.
+
+    Raises
+    ------
+    TypeError
+        Naming the type that was passed instead.
+    """
+    if not isinstance(grid, ProcessGrid):
+        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
+    return grid

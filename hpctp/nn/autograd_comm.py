@@ -35,7 +35,7 @@ import torch
 from mpi4py import MPI
 
 from .. import comm as C
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, check_grid
 from ..layout import Layout
 from ..ops.transfer import redistribute_block
 
@@ -52,12 +52,6 @@ __all__ = [
 
 Comms = tuple[MPI.Intracomm, ...]
 
-
-def check_grid(grid: object) -> ProcessGrid:
-    """Local. Return ``grid`` if it is a :class:`~hpctp.ProcessGrid`, else raise TypeError."""
-    if not isinstance(grid, ProcessGrid):
-        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
-    return grid
 
 
 def normalize_axes(grid: ProcessGrid, axes: Sequence[int] | None) -> tuple[int, ...]:

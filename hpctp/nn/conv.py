@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import comm as C
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, check_grid
 from . import functional as HF
 from ._window import full_split
 
@@ -43,11 +43,6 @@ def init_replicated(module: torch.nn.Module, init: Callable[[], None], grid: Pro
         for p in module.parameters():
             C.bcast(grid.comm, p.data, 0)
 
-
-def _check_grid(grid: object) -> ProcessGrid:
-    if not isinstance(grid, ProcessGrid):
-        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
-    return grid
 
 
 class _Spatial:
@@ -89,7 +84,7 @@ class _ConvMixin(_Spatial):
         seed: int | None = None,
         overlap: bool = True,
     ) -> None:
-        grid = _check_grid(grid)
+        grid = check_grid(grid)
         full_split(split, self._nd, grid.ndim)  # validate before any communication
 
         def init() -> None:
@@ -154,7 +149,7 @@ class _ConvTMixin(_Spatial):
         split: Sequence[int | None] | None = None,
         seed: int | None = None,
     ) -> None:
-        grid = _check_grid(grid)
+        grid = check_grid(grid)
         full_split(split, self._nd, grid.ndim)
 
         def init() -> None:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .. import comm as C
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
 from ..linalg.summa import summa_block
@@ -49,11 +49,6 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "Linear2D", "Linear", "i
 
 _BIAS_STREAM = 0x5DEECE66D
 
-
-def _check_grid(grid: object) -> ProcessGrid:
-    if not isinstance(grid, ProcessGrid):
-        raise TypeError(f"grid must be a hpctp.ProcessGrid, got {type(grid).__name__}")
-    return grid
 
 
 def _check_features(in_features: object, out_features: object) -> None:
@@ -238,7 +233,7 @@ class ColumnParallelLinear(torch.nn.Module):
         gather_output: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.grid = _check_grid(grid)
+        self.grid = check_grid(grid)
         _check_features(in_features, out_features)
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features, self.gather_output = in_features, out_features, bool(gather_output)
@@ -319,7 +314,7 @@ class RowParallelLinear(torch.nn.Module):
         input_is_parallel: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.grid = _check_grid(grid)
+        self.grid = check_grid(grid)
         _check_features(in_features, out_features)
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features = in_features, out_features
@@ -440,7 +435,7 @@ class Linear2D(torch.nn.Module):
         panel: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.grid = _check_grid(grid)
+        self.grid = check_grid(grid)
         if grid.ndim != 2:
             raise ValueError(f"Linear2D needs a 2-D grid, got dims {grid.dims}")
         _check_features(in_features, out_features)

@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
+from ..comm import check_grid
 from . import functional as HF
 from ._window import full_split
-from .conv import _check_grid, _Spatial
+from .conv import _Spatial
 
 __all__ = ["AvgPool2d", "AvgPool3d", "MaxPool2d", "MaxPool3d"]
 
@@ -53,7 +54,7 @@ class _MaxMixin(_Spatial):
         split: Sequence[int | None] | None = None,
         overlap: bool = True,
     ) -> None:
-        grid = _check_grid(grid)
+        grid = check_grid(grid)
         full_split(split, self._nd, grid.ndim)
         if return_indices:
             raise ValueError("return_indices=True is not supported by partitioned max pooling")
@@ -96,7 +97,7 @@ class _AvgMixin(_Spatial):
         split: Sequence[int | None] | None = None,
         overlap: bool = True,
     ) -> None:
-        grid = _check_grid(grid)
+        grid = check_grid(grid)
         full_split(split, self._nd, grid.ndim)
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)  # type: ignore[call-arg]
         self._setup(grid, split, self._nd, overlap)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, as_contiguous, backend_name, is_torch
+from ..backend import Array, as_contiguous, backend_name, is_torch, is_torch_dtype
 from ..comm import ProcessGrid
 from ..layout import Layout
 
@@ -49,9 +49,9 @@ def _identity(op: str, dtype: object) -> object:
 
         if dtype == torch.bool:
             return op == "min"
-        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)  # type: ignore[union-attr]
         if dtype.is_floating_point:  # type: ignore[union-attr]
             return -math.inf if op == "max" else math.inf
+        info = torch.iinfo(dtype)  # type: ignore[arg-type]
         return info.min if op == "max" else info.max
     dt = np.dtype(dtype)  # type: ignore[arg-type]
     if dt == np.bool_:
@@ -62,13 +62,6 @@ def _identity(op: str, dtype: object) -> object:
         info = np.iinfo(dt)
         return info.min if op == "max" else info.max
     raise TypeError(f"{op} is not defined for dtype {dt}")
-
-
-def is_torch_dtype(dtype: object) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(dtype, torch.dtype)
 
 
 def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
