@@ -1,7 +1,8 @@
 # hpctp: the two commands a newcomer runs (see README):
 #   make demo   -- create .venv, install everything, run the main job on 4 ranks:
 #                  simulate -> train the surrogate -> evaluate -> plot (apps/pipeline.py)
-#   make test   -- create .venv if needed, run the whole test suite on 1, 2, 3 and 4 ranks
+#   make test   -- create .venv if needed, run the whole test suite on 1, 2, 3 and 4 ranks, then
+#                  the IO tests again with h5py on parallel HDF5 (MPI-IO; tests/run_mpio.sh)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -13,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 
 MPIEXEC_ENV := MPIR_CVAR_ENABLE_HEAVY_YIELD=1
 
-.PHONY: install demo core-demo capi test clean
+.PHONY: install demo core-demo capi test test-main test-mpio clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +30,17 @@ demo: install
 core-demo: install
 	$(MPIEXEC_ENV) timeout $(MPI_TIMEOUT) $(VENV)/bin/mpiexec -n $(NP) $(PY) -m hpctp demo
 
-test: install
+test: test-main test-mpio
+
+test-main: install
 	bash tests/run_all.sh
+
+# builds .venv-mpio once (mpi4py + h5py against the system's parallel HDF5; apt-get as root)
+test-mpio:
+	bash tests/run_mpio.sh
 
 capi: install
 	cmake -S . -B build/capi -DPython3_EXECUTABLE=$(abspath $(PY)) && cmake --build build/capi -j
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-mpio build *.egg-info

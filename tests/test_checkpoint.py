@@ -15,7 +15,6 @@ from mpi4py import MPI
 
 import hpctp
 import hpctp.io
-import hpctp.io._writer as writer
 from hpctp.comm.io_calls import bcast_bytes
 from hpctp.layout import Layout
 from hpctp.testing import assert_all, assert_allclose, assert_equal
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ckpt_job import Net, gathered, train_step  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
+METHODS = ["serial", "mpio"] if hpctp.io.mpio_available() else ["serial"]  # see tests/test_io.py
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,15 +53,16 @@ def local_values(net: torch.nn.Module) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------------------- restarts in one job
 @pytest.mark.mpi
-def test_restart_on_another_grid_shape(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_restart_on_another_grid_shape(grid2d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
     """Saved on a 1 x size grid, restored on every 2-D grid of the same size."""
     with hpctp.ProcessGrid((1, WORLD.size)) as save_grid:
         net, opt = trained(save_grid)
-        hpctp.io.save_checkpoint(shared_dir / "c.h5", net, opt, 2, save_grid)
+        hpctp.io.save_checkpoint(shared_dir / "c.h5", net, opt, 2, save_grid, method=method)
         want_params = gathered(net)
         want_losses = [train_step(net, opt) for _ in range(2)]
     net2, opt2 = fresh(grid2d)
-    step = hpctp.io.load_checkpoint(shared_dir / "c.h5", net2, opt2, grid2d)
+    step = hpctp.io.load_checkpoint(shared_dir / "c.h5", net2, opt2, grid2d, method=method)
     assert_all(grid2d, step == 2, f"step {step}")
     got = gathered(net2)
     for name in want_params:
@@ -136,12 +137,13 @@ def test_load_validation_leaves_model_untouched(grid2d: hpctp.ProcessGrid, share
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS)
 def test_save_validation_and_failed_save_keeps_old(
-    grid2d: hpctp.ProcessGrid, shared_dir: Path, monkeypatch: pytest.MonkeyPatch
+    grid2d: hpctp.ProcessGrid, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     net, opt = trained(grid2d, steps=1)
     path = shared_dir / "c.h5"
-    hpctp.io.save_checkpoint(path, net, opt, 1, grid2d)
+    hpctp.io.save_checkpoint(path, net, opt, 1, grid2d, method=method)
     before = path.read_bytes()
     bad = Net(grid2d, seed=0)
     bad.w.hpctp_layout = Layout((6, 10), tuple(reversed(grid2d.dims)) + (1,), (0, 1))  # type: ignore[attr-defined]
@@ -155,16 +157,17 @@ def test_save_validation_and_failed_save_keeps_old(
             odd.extra = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
         with pytest.raises(ValueError, match="differs between ranks"):
             hpctp.io.save_checkpoint(path, odd, None, 2, grid2d)
-    original = writer.write_turn
+    original = h5py.Dataset.write_direct
 
-    def failing_turn(tmp: str, write) -> None:  # type: ignore[no-untyped-def]
-        original(tmp, write)
-        raise OSError("node lost (injected)")
+    def failing_write(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)
+        if "dest_sel" in kwargs:  # a rank's hyperslab write (not rank 0 laying out the file)
+            raise OSError("node lost (injected)")
 
-    monkeypatch.setattr(writer, "write_turn", failing_turn)
+    monkeypatch.setattr(h5py.Dataset, "write_direct", failing_write)
     train_step(net, opt)
     with pytest.raises(OSError, match="injected"):
-        hpctp.io.save_checkpoint(path, net, opt, 2, grid2d, method="serial")
+        hpctp.io.save_checkpoint(path, net, opt, 2, grid2d, method=method)
     assert_all(grid2d, path.read_bytes() == before and os.listdir(shared_dir) == ["c.h5"], "old checkpoint kept")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import h5py
@@ -13,12 +14,14 @@ from mpi4py import MPI
 
 import hpctp
 import hpctp.io
-import hpctp.io._writer as writer
 from hpctp.comm.io_calls import bcast_bytes
 from hpctp.layout import Layout
 from hpctp.testing import assert_all, assert_equal
 
 WORLD = MPI.COMM_WORLD
+# every write/read method this h5py can run: "mpio" where h5py is built against parallel HDF5
+# (the parallel-HDF5 leg of tests/run_all.sh), "serial" everywhere
+METHODS = ["serial", "mpio"] if hpctp.io.mpio_available() else ["serial"]
 
 
 @pytest.fixture
@@ -65,54 +68,59 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 # ---------------------------------------------------------------------------- round trips
 @pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("split_save,split_load", [((0, 1), (1, 0)), ((1, None), (0, 1)), (None, (0, None))])
-def test_roundtrip_2d_uneven(grid2d: hpctp.ProcessGrid, shared_dir: Path, split_save, split_load) -> None:
+def test_roundtrip_2d_uneven(grid2d: hpctp.ProcessGrid, shared_dir: Path, split_save, split_load, method: str) -> None:
     a = field((7, 5))
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, split_save)
     path = shared_dir / "f.h5"
-    hpctp.io.save_hdf5(x, path, "u")
-    y = hpctp.io.load_hdf5(path, "u", grid2d, split_load)
+    hpctp.io.save_hdf5(x, path, "u", method=method)
+    y = hpctp.io.load_hdf5(path, "u", grid2d, split_load, method=method)
     assert_equal(grid2d, y.local, a[y.local_slices], "each rank holds its block of the stored field")
     assert_equal(grid2d, y.gather(root=None), a)
 
 
 @pytest.mark.mpi
-def test_roundtrip_3d_torch(grid3d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_roundtrip_3d_torch(grid3d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
     a = field((5, 3, 4), "float32")
     x = hpctp.distribute(torch.from_numpy(a) if grid3d.rank == 0 else None, grid3d, (0, 1, 2))
     path = shared_dir / "f3.h5"
-    hpctp.io.save_hdf5(x, path, "fields/t", chunks="layout", attrs={"time": 0.25, "units": "K"})
-    y = hpctp.io.load_hdf5(path, "fields/t", grid3d, (2, None, 0), like="torch")
+    hpctp.io.save_hdf5(x, path, "fields/t", chunks="layout", attrs={"time": 0.25, "units": "K"}, method=method)
+    y = hpctp.io.load_hdf5(path, "fields/t", grid3d, (2, None, 0), like="torch", method=method)
     assert_all(grid3d, isinstance(y.local, torch.Tensor) and y.local.dtype == torch.float32, "torch float32 block")
     assert_equal(grid3d, y.local, a[y.local_slices])
-    z = hpctp.io.load_hdf5(path, "fields/t", grid3d, (0, 2), index=-1)  # last slab of dim 0
+    z = hpctp.io.load_hdf5(path, "fields/t", grid3d, (0, 2), index=-1, method=method)  # last slab of dim 0
     assert_equal(grid3d, z.gather(root=None), a[-1])
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", ["int32", "complex128", "bool", "float16"])
-def test_dtypes_preserved(grid1d: hpctp.ProcessGrid, shared_dir: Path, dtype: str) -> None:
+def test_dtypes_preserved(grid1d: hpctp.ProcessGrid, shared_dir: Path, dtype: str, method: str) -> None:
     a = field((6, 3), dtype)
     x = hpctp.distribute(a if grid1d.rank == 0 else None, grid1d, (0, None))
     path = shared_dir / "d.h5"
-    hpctp.io.save_hdf5(x, path, "a")
-    y = hpctp.io.load_hdf5(path, "a", grid1d, (None, 0), dtype=dtype)
+    hpctp.io.save_hdf5(x, path, "a", method=method)
+    y = hpctp.io.load_hdf5(path, "a", grid1d, (None, 0), dtype=dtype, method=method)
     assert_equal(grid1d, y.local, a[y.local_slices])
 
 
 @pytest.mark.mpi
-def test_replicated_blocks_written_once(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_replicated_blocks_written_once(grid2d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
     """split over grid axis 1 only: replicas along axis 0 must not write (same file either way)."""
     a = field((3, 9))
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (None, 1))
     path = shared_dir / "r.h5"
-    hpctp.io.save_hdf5(x, path, "a", method="serial")
+    hpctp.io.save_hdf5(x, path, "a", method=method)
     on_root(grid2d, lambda: np.testing.assert_array_equal(read_all(path, "a"), a))
 
 
 # ---------------------------------------------------------------------------- interop with plain h5py
 @pytest.mark.mpi
-def test_plain_h5py_file_loads_distributed(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_plain_h5py_file_loads_distributed(grid2d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
     a = field((4, 2, 9, 7), "float32")  # [N, C, H, W] written by one process, chunked + compressed
     path = shared_dir / "plain.h5"
 
@@ -122,16 +130,17 @@ def test_plain_h5py_file_loads_distributed(grid2d: hpctp.ProcessGrid, shared_dir
 
     on_root(grid2d, write)
     for i in range(a.shape[0]):
-        y = hpctp.io.load_hdf5(path, "snap", grid2d, (None, 0, 1), index=i)
+        y = hpctp.io.load_hdf5(path, "snap", grid2d, (None, 0, 1), index=i, method=method)
         assert_equal(grid2d, y.local, a[i][y.local_slices], f"snapshot {i}")
 
 
 @pytest.mark.mpi
-def test_distributed_write_reads_back_in_one_process(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_distributed_write_reads_back_in_one_process(grid2d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
     a = field((9, 6), "float64")
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (1, 0))
     path = shared_dir / "dist.h5"
-    hpctp.io.save_hdf5(x, path, "u", compression="gzip", attrs={"step": 7})
+    hpctp.io.save_hdf5(x, path, "u", compression="gzip", attrs={"step": 7}, method=method)
 
     def check() -> None:
         with h5py.File(path, "r") as f:
@@ -281,28 +290,53 @@ def test_failed_save_keeps_previous_file(grid2d: hpctp.ProcessGrid, shared_dir: 
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS)
 def test_error_injected_mid_write_keeps_previous_file(
-    grid2d: hpctp.ProcessGrid, shared_dir: Path, monkeypatch: pytest.MonkeyPatch
+    grid2d: hpctp.ProcessGrid, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     a = field((6, 7))
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
     path = shared_dir / "keep.h5"
-    hpctp.io.save_hdf5(x, path, "u")
+    hpctp.io.save_hdf5(x, path, "u", method=method)
     before = snapshot(shared_dir)
-    original = writer.write_turn
+    original = h5py.Dataset.write_direct
     last = grid2d.size - 1
 
-    def failing_turn(tmp: str, write) -> None:  # type: ignore[no-untyped-def]
-        original(tmp, write)  # the data reaches the temporary file ...
+    def failing_write(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)  # the data reaches the temporary file ...
         if grid2d.rank == last:
             raise OSError("disk full (injected)")  # ... then the last writer fails
 
-    monkeypatch.setattr(writer, "write_turn", failing_turn)
+    monkeypatch.setattr(h5py.Dataset, "write_direct", failing_write)
     with pytest.raises(OSError, match="injected"):
-        hpctp.io.save_hdf5(x * 2, path, "u", method="serial")
+        hpctp.io.save_hdf5(x * 2, path, "u", method=method)
+    monkeypatch.undo()
     assert_all(grid2d, snapshot(shared_dir) == before, "injected failure: file unchanged, no temp left")
-    y = hpctp.io.load_hdf5(path, "u", grid2d, (1, 0))
+    y = hpctp.io.load_hdf5(path, "u", grid2d, (1, 0), method=method)
     assert_equal(grid2d, y.local, a[y.local_slices], "old values still load")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS)
+def test_killed_save_leftovers_removed_by_next_save(grid1d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
+    """A job killed mid-save leaves a hidden temp file; the next save removes it once stale."""
+    path = shared_dir / "f.h5"
+    stale, fresh = shared_dir / ".f.h5.tmp-dead", shared_dir / ".f.h5.tmp-busy"
+    other = shared_dir / ".g.h5.tmp-dead"  # another target's: not ours to touch
+
+    def leave_temps() -> None:
+        for p in (stale, fresh, other):
+            p.write_bytes(b"partial")
+        hour_ago = time.time() - 2 * 3600
+        os.utime(stale, (hour_ago, hour_ago))
+        os.utime(other, (hour_ago, hour_ago))
+
+    on_root(grid1d, leave_temps)
+    a = field((5, 3))
+    hpctp.io.save_hdf5(hpctp.distribute(a if grid1d.rank == 0 else None, grid1d, (0, None)), path, "u", method=method)
+    left = sorted(p.name for p in shared_dir.iterdir())
+    assert_all(grid1d, left == [".f.h5.tmp-busy", ".g.h5.tmp-dead", "f.h5"], f"files left: {left}")
+    assert_equal(grid1d, hpctp.io.load_hdf5(path, "u", grid1d, (0, None)).gather(root=None), a)
 
 
 @pytest.mark.mpi

@@ -6,7 +6,9 @@ Everything here is local to one rank; the collective protocols live in
 
 from __future__ import annotations
 
+import glob
 import os
+import time
 import uuid
 from typing import Any
 
@@ -18,15 +20,20 @@ __all__ = [
     "mpio_available",
     "resolve_method",
     "check_readable",
+    "open_checked",
     "open_local",
     "get_dataset",
     "temp_path",
+    "remove_stale_temps",
+    "STALE_TEMP_S",
     "commit",
     "remove_quietly",
     "check_dataset_name",
 ]
 
 METHODS = ("auto", "mpio", "serial")
+# a save's temporary file untouched this long belongs to a save that died (killed job, lost node)
+STALE_TEMP_S = 3600.0
 
 
 class IOKeyError(KeyError):
@@ -96,6 +103,19 @@ def open_local(path: str, mode: str = "r", **kwargs: Any) -> h5py.File:
     """
     if mode in ("r", "r+"):
         check_readable(path)
+    return open_checked(path, mode, **kwargs)
+
+
+def open_checked(path: str, mode: str, **kwargs: Any) -> h5py.File:
+    """Local (collective over ``comm`` with ``driver="mpio"``). ``h5py.File`` with errors naming ``path``.
+
+    No checks before the open, so every rank of an MPI-IO open reaches it.
+
+    Raises
+    ------
+    FileNotFoundError, OSError
+        When HDF5 cannot open the file.
+    """
     try:
         return h5py.File(path, mode, **kwargs)
     except FileNotFoundError:
@@ -158,6 +178,26 @@ def temp_path(path: str) -> str:
     """Local. A fresh hidden name in ``path``'s directory (same file system, so rename is atomic)."""
     d, base = os.path.split(os.path.abspath(path))
     return os.path.join(d, f".{base}.tmp-{uuid.uuid4().hex[:16]}")
+
+
+def remove_stale_temps(path: str, max_age_s: float = STALE_TEMP_S) -> list[str]:
+    """Local. Delete temporary files of earlier saves to ``path`` that died part way.
+
+    A save in progress keeps writing its temporary file, so one not modified for
+    ``max_age_s`` seconds is left over from a killed job; younger ones (perhaps another
+    job's save in progress) are kept. Returns the removed names.
+    """
+    d, base = os.path.split(os.path.abspath(path))
+    now = time.time()
+    removed = []
+    for name in glob.glob(os.path.join(glob.escape(d), f".{glob.escape(base)}.tmp-*")):
+        try:
+            if now - os.path.getmtime(name) > max_age_s:
+                os.remove(name)
+                removed.append(name)
+        except OSError:
+            pass  # gone meanwhile, or not ours to delete
+    return removed
 
 
 def commit(tmp: str, path: str) -> None:

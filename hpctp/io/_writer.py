@@ -6,6 +6,9 @@
    or without it one rank after another, handing a token from rank to rank.
 3. Rank 0 fsyncs and renames the temporary file onto the final name.
 
+A job killed mid-save leaves its temporary file (never the final name) behind; the next save
+to the same path deletes it once it is an hour old (:func:`~hpctp.io._files.remove_stale_temps`).
+
 Errors of any rank at any stage are agreed on (:func:`hpctp.comm.raise_if_any`), the
 temporary file is removed and the final name is never touched, so a failed save leaves
 the previous file as it was.
@@ -21,7 +24,7 @@ import h5py
 from .. import comm as C
 from ..comm import ProcessGrid
 from ..comm.io_calls import bcast_bytes, pass_turn, wait_turn
-from ._files import commit, open_local, remove_quietly, temp_path
+from ._files import commit, open_local, remove_quietly, remove_stale_temps, temp_path
 
 __all__ = ["atomic_write", "MODES"]
 
@@ -101,6 +104,7 @@ def _create_temp(path: str, mode: str, prepare: Writer, replace: Sequence[str]) 
     exists = os.path.exists(path)
     if exists and mode == "x":
         raise FileExistsError(f"{path} exists and mode='x'; use mode='a' to update it or 'w' to replace it")
+    remove_stale_temps(path)  # left by saves to this path that were killed
     tmp = temp_path(path)
     try:
         if exists and mode == "a":

@@ -29,7 +29,7 @@ from ..comm import ProcessGrid
 from ..dtypes import dtype_name
 from ..layout import Layout
 from ..tensor import DistTensor
-from ._files import check_dataset_name, check_readable, get_dataset, open_local, resolve_method
+from ._files import check_dataset_name, check_readable, get_dataset, open_checked, open_local, resolve_method
 from ._writer import atomic_write
 
 __all__ = [
@@ -168,8 +168,6 @@ def load_hdf5(
             raise ValueError(f"like={like!r} must be one of {_LIKES}")
         name = check_dataset_name(dataset)
         resolved = resolve_method(method, grid.size)
-        if resolved == "mpio":
-            check_readable(path)
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
     C.raise_if_any(grid.comm, error)
@@ -192,9 +190,15 @@ def open_for_read(path: str, grid: ProcessGrid, method: str) -> h5py.File:
     """
     error: Exception | None = None
     f = None
+    if method == "mpio":  # agree that the file is readable before the collective open
+        try:
+            check_readable(path)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        C.raise_if_any(grid.comm, error)
     try:
         if method == "mpio":
-            f = h5py.File(path, "r", driver="mpio", comm=grid.comm)
+            f = open_checked(path, "r", driver="mpio", comm=grid.comm)
         else:
             f = open_local(path, "r")
     except Exception as e:  # noqa: BLE001
@@ -285,7 +289,9 @@ def save_hdf5(
 
     The file is built under a temporary name in the same directory and renamed onto
     ``path`` by rank 0 after every rank wrote: a failure or crash leaves an existing
-    ``path`` unchanged. Only primary replicas (:meth:`Layout.is_primary`) write.
+    ``path`` unchanged (a killed job's hidden ``.NAME.tmp-*`` file is removed by a later
+    save to ``path`` once untouched for an hour). Only primary replicas
+    (:meth:`Layout.is_primary`) write.
 
     Parameters
     ----------
@@ -348,12 +354,16 @@ def save_hdf5(
         error = e
     C.raise_if_any(grid.comm, error)
 
+    scalar = np.asarray(to_numpy(x.local)) if layout.ndim == 0 and grid.rank == 0 else None
+
     def prepare(f: h5py.File) -> None:
-        create_dataset(f, name, layout.global_shape, stored, chunk_spec, compression, compression_opts, attrs)
+        ds = create_dataset(f, name, layout.global_shape, stored, chunk_spec, compression, compression_opts, attrs)
+        if scalar is not None:  # a 0-d tensor is replicated; rank 0 writes it while laying out the file
+            ds.write_direct(np.ascontiguousarray(scalar))  # (an MPI-IO write to a scalar dataspace hangs)
 
     write = None
     coords = grid.coords
-    if layout.is_primary(coords) and math.prod(layout.local_shape(coords)) > 0:
+    if layout.ndim > 0 and layout.is_primary(coords) and math.prod(layout.local_shape(coords)) > 0:
         block = np.ascontiguousarray(to_numpy(x.local))
 
         def write(f: h5py.File) -> None:
