@@ -152,22 +152,26 @@ def test_distributed_write_reads_back_in_one_process(grid2d: hpctp.ProcessGrid, 
 
 
 @pytest.mark.mpi
-def test_serial_fallback_gives_the_same_file(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
-    """method='serial' (token passing, one rank after another) vs the automatic choice."""
+@pytest.mark.parametrize("chunks", [None, "layout"])
+def test_serial_fallback_gives_the_same_file(grid2d: hpctp.ProcessGrid, shared_dir: Path, chunks) -> None:
+    """method='serial' (token passing, one rank after another) vs the automatic choice (MPI-IO
+    on more than one rank where h5py has it): byte-identical files."""
     a = field((5, 8))
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
     with hpctp.CommCounter() as counter:
-        hpctp.io.save_hdf5(x, shared_dir / "serial.h5", "u", method="serial")
+        hpctp.io.save_hdf5(x, shared_dir / "serial.h5", "u", method="serial", chunks=chunks, attrs={"t": 0.5})
     tokens = counter.calls.get("Send", 0) + counter.calls.get("Recv", 0)
     expected = (grid2d.rank > 0) + (grid2d.rank < grid2d.size - 1)
     assert_all(grid2d, tokens == expected, f"token messages {tokens}, expected {expected}")
-    hpctp.io.save_hdf5(x, shared_dir / "auto.h5", "u", method="auto")
+    hpctp.io.save_hdf5(x, shared_dir / "auto.h5", "u", method="auto", chunks=chunks, attrs={"t": 0.5})
     on_root(
         grid2d,
         lambda: np.testing.assert_array_equal(
             read_all(shared_dir / "serial.h5", "u"), read_all(shared_dir / "auto.h5", "u")
         ),
     )
+    same = (shared_dir / "serial.h5").read_bytes() == (shared_dir / "auto.h5").read_bytes()
+    assert_all(grid2d, same, "serial and auto writes give byte-identical files")
     y = hpctp.io.load_hdf5(shared_dir / "serial.h5", "u", grid2d, (1, 0), method="serial")
     assert_equal(grid2d, y.local, a[y.local_slices])
 
