@@ -48,14 +48,7 @@ class DistTensor:
         check_grid(grid)
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
-        if layout.grid_dims != grid.dims:
-            raise ValueError(f"layout is for grid dims {layout.grid_dims}, but the grid has dims {grid.dims}")
-        want = layout.local_shape(grid.coords)
-        if tuple(local.shape) != want:
-            raise ValueError(
-                f"rank {grid.rank} (coords {grid.coords}): local block has shape {tuple(local.shape)} "
-                f"but {layout} expects {want} here"
-            )
+        layout.check_block(local.shape, grid.dims, grid.coords, f"rank {grid.rank}: local block")
         self.local = local
         self.grid = grid
         self.layout = layout

@@ -121,6 +121,16 @@ def test_layout_validation_messages() -> None:
         Layout((5,), (2,), (0,), ((0, 6, 5),))
 
 
+def test_check_block_accepts_only_the_block_at_coords() -> None:
+    lay = Layout((5, 7), (2, 3), (0, 1))  # rows 3|2, columns 3|2|2
+    for coords in itertools.product(range(2), range(3)):
+        lay.check_block(lay.local_shape(coords), (2, 3), coords, "block")
+    with pytest.raises(ValueError, match=r"A block has shape \(3, 3\) but .* expects \(2, 2\) at grid coords \(1, 2\)"):
+        lay.check_block((3, 3), (2, 3), (1, 2), "A block")
+    with pytest.raises(ValueError, match=r"is for grid dims \(2, 3\), but the grid has dims \(3, 2\)"):
+        lay.check_block((3, 3), (3, 2), (0, 0), "block")
+
+
 def test_custom_cuts_and_balanced_normalisation() -> None:
     lay = Layout((7,), (3,), (0,), ((0, 1, 5, 7),))
     assert [lay.local_shape((i,)) for i in range(3)] == [(1,), (4,), (2,)]

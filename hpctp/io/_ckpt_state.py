@@ -79,14 +79,7 @@ def _layout_of(t: torch.Tensor, name: str, grid: ProcessGrid) -> Layout | None:
         return None
     if not isinstance(layout, Layout):
         raise TypeError(f"{name}.hpctp_layout must be a hpctp.Layout, got {type(layout).__name__}")
-    if layout.grid_dims != grid.dims:
-        raise ValueError(f"{name}.hpctp_layout is for grid dims {layout.grid_dims}, but the grid has dims {grid.dims}")
-    want = layout.local_shape(grid.coords)
-    if tuple(t.shape) != want:
-        raise ValueError(
-            f"{name} holds a block of shape {tuple(t.shape)} but its hpctp_layout {layout} expects {want} "
-            f"at grid coords {grid.coords}"
-        )
+    layout.check_block(t.shape, grid.dims, grid.coords, f"{name} (by its hpctp_layout)")
     return layout
 
 

@@ -206,6 +206,19 @@ class Layout:
         """Shape of the block held at grid ``coords``."""
         return tuple(b - a for a, b in self.local_ranges(coords))
 
+    def check_block(self, shape: Sequence[int], grid_dims: Sequence[int], coords: Sequence[int], what: str) -> None:
+        """Raise ValueError unless this layout is on a grid of ``grid_dims`` and its block at
+        ``coords`` has ``shape``; ``what`` names the block in the message."""
+        if self.grid_dims != tuple(grid_dims):
+            raise ValueError(
+                f"{what}: {self} is for grid dims {self.grid_dims}, but the grid has dims {tuple(grid_dims)}"
+            )
+        want = self.local_shape(coords)
+        if tuple(shape) != want:
+            raise ValueError(
+                f"{what} has shape {tuple(shape)} but {self} expects {want} at grid coords {tuple(coords)}"
+            )
+
     def block_sizes(self, d: int) -> tuple[int, ...]:
         """Sizes of the blocks of tensor dimension ``d``."""
         return block_sizes(self.dim_cuts[d])

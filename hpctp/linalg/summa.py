@@ -240,11 +240,7 @@ def summa_block(
     if backend_name(a) != backend_name(b) or a.dtype != b.dtype:
         raise TypeError(f"A and B blocks must share backend and dtype, got {backend_name(a)} {a.dtype} and "
                         f"{backend_name(b)} {b.dtype}")  # fmt: skip
-    if a_layout.grid_dims != grid.dims:
-        raise ValueError(f"layouts are for grid dims {a_layout.grid_dims}, the grid has {grid.dims}")
     for name, x, lay in (("A", a, a_layout), ("B", b, b_layout)):
-        if tuple(x.shape) != lay.local_shape(grid.coords):
-            raise ValueError(f"{name} block has shape {tuple(x.shape)}, its layout {lay} expects "
-                             f"{lay.local_shape(grid.coords)} at coords {grid.coords}")  # fmt: skip
+        lay.check_block(x.shape, grid.dims, grid.coords, f"{name} block")
     plan = plan_matmul(a_layout, b_layout, transpose_a, transpose_b, panel)
     return run_plan(plan, a, b, grid, transpose_a, transpose_b), plan.c_layout

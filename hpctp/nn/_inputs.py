@@ -21,12 +21,9 @@ def resolve_layout(x: torch.Tensor, grid: ProcessGrid, split: tuple[int | None, 
         return infer_layout(tuple(x.shape), grid, split)
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
-    if layout.split != split or layout.grid_dims != grid.dims:
-        raise ValueError(f"layout {layout} does not match split={split} on grid dims {grid.dims}")
-    if layout.local_shape(grid.coords) != tuple(x.shape):
-        raise ValueError(
-            f"rank {grid.rank}: block shape {tuple(x.shape)} differs from the layout's {layout.local_shape(grid.coords)}"
-        )
+    if layout.split != split:
+        raise ValueError(f"layout {layout} does not match split={split}")
+    layout.check_block(x.shape, grid.dims, grid.coords, f"rank {grid.rank}: block")
     return layout
 
 

@@ -262,9 +262,9 @@ def redistribute(x: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout) -
     if src.global_shape != dst.global_shape or src.grid_dims != grid.dims or dst.grid_dims != grid.dims:
         raise ValueError(f"cannot redistribute from {src} to {dst} on a grid of dims {grid.dims}")
     err = None
-    if tuple(x.shape) != src.local_shape(grid.coords):
-        err = ValueError(
-            f"redistribute: block has shape {tuple(x.shape)}, {src} expects {src.local_shape(grid.coords)}"
-        )
+    try:
+        src.check_block(x.shape, grid.dims, grid.coords, "redistribute: block")
+    except ValueError as e:
+        err = e
     C.raise_if_any(grid.comm, err)
     return Redistribute.apply(x.contiguous(), grid, src, dst)
