@@ -4,6 +4,8 @@
 #   hpctp_stage_cmd STAGE          HPCTP_CMD=( python -m apps... ) for simulate | train | evaluate
 #   hpctp_mpiexec_args NP PPN [HOSTFILE]   MPIEXEC_ARGS=( ... ) for Open MPI / MPICH / Cray PALS
 #   hpctp_run CMD...               run CMD, or with DRY_RUN=1 print it (one line, shell-quoted)
+#   hpctp_submit CMD...            run a job-submission CMD (its stdout: the job id); DRY_RUN=1 prints
+#                                  CMD to stderr and answers a fake id
 #   hpctp_prepare_dirs             create the directories of DATA and RUNDIR (not in a dry run)
 #
 # Parameters (environment variables, with defaults):
@@ -66,6 +68,15 @@ hpctp_run() {
     local out="" a
     for a in "$@"; do out+="$(printf '%q' "$a") "; done
     printf '%s\n' "${out% }"
+  else
+    "$@"
+  fi
+}
+
+hpctp_submit() {
+  if [ "$DRY_RUN" = 1 ]; then
+    hpctp_run "$@" >&2
+    echo "DRYRUN-$RANDOM"
   else
     "$@"
   fi

@@ -15,15 +15,7 @@ fi
 # shellcheck source=jobs/common.sh
 . "$HPCTP_ROOT/jobs/common.sh"
 
-submit() {
-  if [ "$DRY_RUN" = 1 ]; then
-    hpctp_run "$@" >&2
-    echo "DRYRUN-$RANDOM"
-  else
-    "$@"
-  fi
-}
-j1=$(submit qsub -V "$@" "$HPCTP_JOBS/pbs_simulate.pbs")
-j2=$(submit qsub -V -W depend=afterok:"$j1" "$@" "$HPCTP_JOBS/pbs_train.pbs")
-j3=$(submit qsub -V -W depend=afterok:"$j2" "$@" "$HPCTP_JOBS/pbs_evaluate.pbs")
+j1=$(hpctp_submit qsub -V "$@" "$HPCTP_JOBS/pbs_simulate.pbs")
+j2=$(hpctp_submit qsub -V -W depend=afterok:"$j1" "$@" "$HPCTP_JOBS/pbs_train.pbs")
+j3=$(hpctp_submit qsub -V -W depend=afterok:"$j2" "$@" "$HPCTP_JOBS/pbs_evaluate.pbs")
 echo "submitted: simulate $j1, train $j2, evaluate $j3"

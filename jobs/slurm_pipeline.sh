@@ -15,15 +15,7 @@ fi
 # shellcheck source=jobs/common.sh
 . "$HPCTP_ROOT/jobs/common.sh"
 
-submit() {
-  if [ "$DRY_RUN" = 1 ]; then
-    hpctp_run "$@" >&2
-    echo "DRYRUN-$RANDOM"
-  else
-    "$@"
-  fi
-}
-j1=$(submit sbatch --parsable "$@" "$HPCTP_JOBS/slurm_simulate.sbatch")
-j2=$(submit sbatch --parsable --dependency=afterok:"${j1%%;*}" "$@" "$HPCTP_JOBS/slurm_train.sbatch")
-j3=$(submit sbatch --parsable --dependency=afterok:"${j2%%;*}" "$@" "$HPCTP_JOBS/slurm_evaluate.sbatch")
+j1=$(hpctp_submit sbatch --parsable "$@" "$HPCTP_JOBS/slurm_simulate.sbatch")
+j2=$(hpctp_submit sbatch --parsable --dependency=afterok:"${j1%%;*}" "$@" "$HPCTP_JOBS/slurm_train.sbatch")
+j3=$(hpctp_submit sbatch --parsable --dependency=afterok:"${j2%%;*}" "$@" "$HPCTP_JOBS/slurm_evaluate.sbatch")
 echo "submitted: simulate ${j1%%;*}, train ${j2%%;*}, evaluate ${j3%%;*}"
