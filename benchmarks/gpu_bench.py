@@ -1,62 +1,99 @@
-"""GPU ratios in one MPI run (ranks share or split the GPUs): SUMMA vs torch.matmul, and a halo
-conv stack forward+backward vs torch on one device.
+"""GPU ratios in one MPI run (ranks share or split the GPUs), each against torch on one device
+measured in the same run:
 
-    mpiexec -n 4 python benchmarks/gpu_bench.py [--n 16384] [--field 4096]
+1. SUMMA (``hpctp.matmul``) of two ``n x n`` float32 matrices vs ``torch.matmul`` on one GPU.
+2. A stack of three halo-exchanging ``hpctp.nn.Conv2d`` (16 channels, 3x3), forward + backward on
+   a ``1 x 16 x f x f`` field split over the grid, vs the same torch convolutions on one GPU.
+
+    mpiexec -n 4 python benchmarks/gpu_bench.py [--n 16384] [--field 4096] [--reps 3]
+    mpiexec -n 2 python benchmarks/gpu_bench.py --device cpu --n 256 --field 64   # dry run, no GPU
+
+Times are the best of ``--reps`` runs after one warm-up, each the slowest rank's. Ratios above 1
+mean hpctp is faster. Ranks sharing one GPU split its throughput, so expect ratios below 1 there;
+the point is the overhead of the partitioned path (halo exchange, host staging without
+CUDA-aware MPI).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 from mpi4py import MPI
 
 import hpctp
+import hpctp.nn
+
+Timer = Callable[[Callable[[], object], int, MPI.Comm], float]
 
 
-def _time(fn, reps: int, comm) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
+def _timer(device: str) -> Timer:
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def best(fn: Callable[[], object], reps: int, comm: MPI.Comm) -> float:
         fn()
-        torch.cuda.synchronize()
-        best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        sync()
+        out = float("inf")
+        for _ in range(reps):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            out = min(out, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        return out
+
     return best
 
 
+def _summa(args: argparse.Namespace, grid: hpctp.ProcessGrid, like: str, timed: Timer) -> None:
+    """SUMMA vs torch.matmul on one device (the matrices are freed on return)."""
+    n = args.n
+    a = hpctp.random.normal((n, n), grid, (0, 1), seed=1, dtype=torch.float32, like=like)
+    b = hpctp.random.normal((n, n), grid, (0, 1), seed=2, dtype=torch.float32, like=like)
+    t = timed(lambda: hpctp.matmul(a, b), args.reps, grid.comm)
+    if grid.rank == 0:
+        ga = torch.randn(n, n, device=args.device)
+        gb = torch.randn(n, n, device=args.device)
+        ref = timed(lambda: ga @ gb, args.reps, MPI.COMM_SELF)
+        flops = 2.0 * n**3
+        print(f"SUMMA fp32 n={n}: hpctp {flops / t / 1e12:.2f} TFLOP/s, torch.matmul one device "
+              f"{flops / ref / 1e12:.2f} TFLOP/s, ratio {ref / t:.2f}")  # fmt: skip
+
+
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--n", type=int, default=16384)
-    p.add_argument("--field", type=int, default=4096)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=16384, help="matrix size of the SUMMA benchmark")
+    p.add_argument("--field", type=int, default=4096, help="field edge of the conv benchmark")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a dry run of this script")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     grid = hpctp.ProcessGrid([0, 0])
-    dev = hpctp.comm.select_device(grid)
+    timed = _timer(args.device)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("gpu_bench.py: no CUDA device visible; use --device cpu for a dry run")
+        dev = hpctp.comm.select_device(grid)
+        name = torch.cuda.get_device_name()
+    else:
+        dev, name = None, "cpu"
+    like = "cuda" if args.device == "cuda" else "torch"
     rank0 = grid.rank == 0
     if rank0:
-        print(f"{grid.size} ranks, grid {grid.dims}, device {dev}, cuda-aware {hpctp.comm.cuda_aware_reason()}")
-    n = args.n
-    a = hpctp.random.normal((n, n), grid, (0, 1), seed=1, dtype=torch.float32, like="cuda")
-    b = hpctp.random.normal((n, n), grid, (0, 1), seed=2, dtype=torch.float32, like="cuda")
-    t = _time(lambda: hpctp.matmul(a, b), args.reps, world)
-    flops = 2.0 * n**3
-    ref = None
-    if rank0:
-        ga, gb = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
-        ref = _time(lambda: ga @ gb, args.reps, MPI.COMM_SELF)
-        print(f"SUMMA fp32 n={n}: {flops / t / 1e12:.1f} TFLOP/s; torch.matmul one device: "
-              f"{flops / ref / 1e12:.1f} TFLOP/s; ratio {ref / t:.2f}")  # fmt: skip
+        aware, why = hpctp.comm.cuda_aware_reason()
+        print(f"{grid.size} ranks, grid {grid.dims}, device {dev} ({name}), CUDA-aware MPI {aware} ({why})")
+
+    _summa(args, grid, like, timed)
     world.Barrier()
     f = args.field
     convs = torch.nn.ModuleList(
-        [hpctp.nn.Conv2d(16, 16, 3, padding=1, grid=grid, split=(0, 1), seed=i, device="cuda") for i in range(3)]
+        [hpctp.nn.Conv2d(16, 16, 3, padding=1, grid=grid, split=(0, 1), seed=i, device=args.device) for i in range(3)]
     )
-    x = hpctp.random.normal((1, 16, f, f), grid, (None, None, 0, 1), seed=3, dtype=torch.float32, like="cuda")
+    x = hpctp.random.normal((1, 16, f, f), grid, (None, None, 0, 1), seed=3, dtype=torch.float32, like=like)
 
     def step() -> None:
         h = hpctp.DistTensor(x.local.clone().requires_grad_(), grid, x.layout)
@@ -64,11 +101,11 @@ def main() -> int:
             h = c(h)
         (h.local**2).sum().backward()
 
-    t = _time(step, args.reps, world)
+    t = timed(step, args.reps, world)
     if rank0:
-        tconvs = torch.nn.Sequential(*[torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(3)]).cuda()
-        gx = torch.randn(1, 16, f, f, device="cuda", requires_grad=True)
-        ref = _time(lambda: (tconvs(gx) ** 2).sum().backward(), args.reps, MPI.COMM_SELF)
+        tconvs = torch.nn.Sequential(*[torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(3)]).to(args.device)
+        gx = torch.randn(1, 16, f, f, device=args.device, requires_grad=True)
+        ref = timed(lambda: (tconvs(gx) ** 2).sum().backward(), args.reps, MPI.COMM_SELF)
         print(f"halo conv fwd+bwd 1x16x{f}x{f}: hpctp {t * 1e3:.1f} ms, torch one device {ref * 1e3:.1f} ms, "
               f"ratio {ref / t:.2f}")  # fmt: skip
     return 0

@@ -20,6 +20,15 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def _module_version(module: str) -> str | None:
+    """Version of the distribution that provides ``module`` (e.g. cupy-cuda12x or cupy-cuda13x)."""
+    for dist in importlib.metadata.packages_distributions().get(module, []):
+        version = _version(dist)
+        if version is not None:
+            return version
+    return None
+
+
 def runtime_info(comm: Any = None) -> dict[str, Any]:
     """Collective over ``comm``. A dict describing the MPI runtime, backends and GPUs.
 
@@ -42,9 +51,10 @@ def runtime_info(comm: Any = None) -> dict[str, Any]:
         "gpu_per_rank": devices,
         "cuda_aware_mpi": aware,
         "cuda_aware_reason": why,
+        "mpi_cuda_support": cuda_aware_reason(override=False)[0],
         "numpy": _version("numpy"),
         "torch": _version("torch"),
-        "cupy": _version("cupy-cuda12x") or _version("cupy"),
+        "cupy": _module_version("cupy"),
         "h5py": _version("h5py"),
     }
     try:

@@ -74,5 +74,5 @@ print(f"h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}, parallel) wit
 EOF
 
 args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py)
+[ ${#args[@]} -gt 0 ] || args=(tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py)
 VENV=$VENV bash tests/run_all.sh "${args[@]}"

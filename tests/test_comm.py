@@ -93,6 +93,20 @@ def test_cuda_aware_override(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not C.cuda_aware()
     monkeypatch.delenv("HPCTP_CUDA_AWARE")
     assert isinstance(C.cuda_aware(), bool)
+    monkeypatch.setenv("HPCTP_CUDA_AWARE", "1")
+    assert C.cuda_aware_reason(override=False)[1] != "HPCTP_CUDA_AWARE=1"  # the library's own answer
+
+
+def test_mpich_answers_the_cuda_query() -> None:
+    """MPICH exports MPIX_Query_cuda_support: detection must reach it although Python loads
+    the library with RTLD_LOCAL (the global-namespace lookup alone never finds it)."""
+    from hpctp.comm.cuda import _query_library
+
+    if not MPI.Get_library_version().startswith("MPICH"):
+        pytest.skip("the query is checked against MPICH, the library the suite installs")
+    found, why = _query_library()
+    assert found is not None, why
+    assert "MPIX_Query_cuda_support" in why or "Query_cuda_support" in why
 
 
 def test_noncontiguous_buffer_is_rejected() -> None:

@@ -200,19 +200,3 @@ def test_empty_blocks(grid2d: hpctp.ProcessGrid) -> None:
     compare_layer(
         grid2d, MaxPool2d(2, 1, 1, grid=grid2d), torch.nn.MaxPool2d(2, 1, 1), (1, 1, 1, 3), (None, None, 0, 1)
     )
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_blocks(grid2d: hpctp.ProcessGrid) -> None:
-    """CUDA blocks stay on the device (staged through the comm layer if MPI is not CUDA-aware)."""
-    mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 2, 2, 3, 1, 1)
-    mine, ref = mine.cuda(), ref.cuda()
-    lay = make_layout(grid2d, (1, 2, 9, 7), (None, None, 0, 1), skew=True)
-    X = global_field(lay.global_shape, 0).cuda()
-    x = X[lay.local_slices(grid2d.coords)].contiguous().requires_grad_()
-    y = mine(hpctp.DistTensor(x, grid2d, lay))
-    R = ref(X)
-    assert_all(grid2d, y.local.is_cuda, "output on the device")
-    assert_allclose(grid2d, y.local.detach().cpu(), R.detach().cpu()[y.layout.local_slices(grid2d.coords)], rtol=1e-10)
-    y.local.sum().backward()
-    assert_all(grid2d, x.grad is not None and x.grad.is_cuda, "input gradient on the device")

@@ -11,7 +11,7 @@ import torch
 import hpctp
 from hpctp.comm import allreduce
 from hpctp.layout import Layout, block_cuts
-from hpctp.testing import assert_allclose, assert_equal
+from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 pytestmark = pytest.mark.mpi
 
@@ -48,29 +48,36 @@ def compare_layer(
     ref_params: Sequence[torch.Tensor] = (),
     skew: bool = False,
     sync: torch.nn.Module | None = None,
+    device: str = "cpu",
 ) -> hpctp.DistTensor:
     """Forward and backward of ``layer`` on this rank's block vs ``ref`` on the whole field.
 
     Checks the output block, the input gradient block and the parameter gradients summed
     over the grid (float64, rtol 1e-10), collectively: with ``hpctp.nn.sync_gradients(sync)``
-    if a module is given, else by a plain all-reduce of each gradient.
+    if a module is given, else by a plain all-reduce of each gradient. With ``device``
+    (``layer`` already moved there) the input block lives on that device and the output
+    and every gradient must stay there; ``ref`` runs on the host.
     """
     layout = make_layout(grid, shape, split, skew)
     X = global_field(shape, 1)
-    x = X[layout.local_slices(grid.coords)].clone().requires_grad_()
+    x = X[layout.local_slices(grid.coords)].clone().to(device).requires_grad_()
     y = layer(hpctp.DistTensor(x, grid, layout))
+    on = torch.device(device).type
+    assert_all(grid, y.local.device.type == on, f"output on {y.local.device}, expected {on}")
     Xr = X.clone().requires_grad_()
     R = ref(Xr)
     assert_equal(grid, np.array(y.global_shape), np.array(R.shape), "global output shape")
     sl = y.layout.local_slices(grid.coords)
     assert_allclose(grid, y.local.detach(), R.detach()[sl], rtol=RTOL, atol=1e-12, what="forward")
     GY = global_field(R.shape, 2)
-    (y.local * GY[sl]).sum().backward()
+    (y.local * GY[sl].to(device)).sum().backward()
     (R * GY).sum().backward()
+    assert_all(grid, x.grad is not None and x.grad.device.type == on, "input gradient on the input's device")
     assert_allclose(grid, x.grad, Xr.grad[layout.local_slices(grid.coords)], rtol=RTOL, atol=1e-12, what="input grad")
     if sync is not None:
         hpctp.nn.sync_gradients(sync, grid)
     for p, q in zip(params, ref_params):
+        assert_all(grid, p.grad.device.type == on, f"parameter gradient on {p.grad.device}, expected {on}")
         g = p.grad.detach().clone().contiguous()
         if sync is None:
             allreduce(grid.comm, g, "sum")

@@ -150,12 +150,17 @@ def test_loader_reads_next_batch_in_background(
         return real(positions)
 
     monkeypatch.setattr(ds, "read_batch", read_batch)
+    adopted: list[tuple[str, int | None]] = []  # the current GPU is per thread: the reader takes ours
+    monkeypatch.setattr(hpctp.comm, "current_device", lambda: 3)
+    monkeypatch.setattr(hpctp.comm, "use_device", lambda d: adopted.append((threading.current_thread().name, d)))
     batches = iter(hpctp.io.FieldLoader(ds, batch_size=2, shuffle=False, prefetch=1))
     x0, _ = next(batches)
     prefetching = started.wait(timeout=30)  # batch 1 is read while we still hold batch 0
     rest = [ids(x).tolist() for x, _ in batches]
     assert_all(grid1d, prefetching, "the second batch was not read ahead")
     assert_all(grid1d, all(t.startswith("hpctp-io-prefetch") for t in threads), f"reader threads {threads}")
+    ok = [(t.startswith("hpctp-io-prefetch"), d) for t, d in adopted] == [(True, 3)]
+    assert_all(grid1d, ok, f"the reader thread makes the caller's GPU current: {adopted}")
     assert_all(grid1d, ids(x0).tolist() in ([0, 1], [-1, -1]) and rest[-1] in ([6], [-1]), f"{ids(x0)} {rest}")
     ds.close()
 

@@ -1,6 +1,6 @@
 """The only part of hpctp that talks to MPI: process grids, collectives, counters."""
 
-from .buffers import mpi_buffer, nbytes, synchronize
+from .buffers import mpi_buffer, nbytes, staging_pool, synchronize
 from .collectives import (
     Pending,
     all_true,
@@ -21,7 +21,7 @@ from .collectives import (
 )
 from .counter import CommCounter, record
 from .cuda import cuda_aware, cuda_aware_reason
-from .device import gpu_count, local_rank, select_device
+from .device import current_device, gpu_count, local_rank, select_device, use_device
 from .grid import ProcessGrid, check_grid
 from .summa_calls import ireduce, reduce
 
@@ -40,6 +40,7 @@ __all__ = [
     "check_grid",
     "cuda_aware",
     "cuda_aware_reason",
+    "current_device",
     "gatherv",
     "gpu_count",
     "ibcast",
@@ -54,6 +55,8 @@ __all__ = [
     "reduce",
     "scatterv",
     "select_device",
+    "staging_pool",
     "synchronize",
+    "use_device",
     "waitall",
 ]

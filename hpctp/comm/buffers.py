@@ -13,7 +13,7 @@ import numpy as np
 from ..backend import Array, backend_name, is_device
 from .cuda import cuda_aware
 
-__all__ = ["mpi_buffer", "nbytes", "synchronize"]
+__all__ = ["mpi_buffer", "nbytes", "staging_pool", "synchronize"]
 
 _pinned: dict[int, list[np.ndarray]] = {}
 
@@ -65,6 +65,15 @@ def _acquire_staging(n: int) -> np.ndarray:
 
 def _release_staging(buf: np.ndarray) -> None:
     _pinned.setdefault(buf.size, []).append(buf)
+
+
+def staging_pool() -> tuple[int, int]:
+    """Local. ``(buffers, bytes)`` of host staging memory kept for reuse.
+
+    Device blocks are staged through this pool when MPI is not CUDA-aware; it grows to the
+    largest set of buffers one operation holds at once and is reused by later calls.
+    """
+    return sum(len(v) for v in _pinned.values()), sum(k * len(v) for k, v in _pinned.items())
 
 
 def _torch_view(x: Any) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-__all__ = ["local_rank", "gpu_count", "select_device"]
+__all__ = ["local_rank", "gpu_count", "select_device", "current_device", "use_device"]
 
 
 def local_rank(comm: Any) -> tuple[int, int]:
@@ -20,21 +20,32 @@ def local_rank(comm: Any) -> tuple[int, int]:
         node.Free()
 
 
-def gpu_count() -> int:
-    """Local. CUDA devices visible to this process (0 without torch/cupy CUDA support)."""
+def _torch_cuda() -> Any:
+    """torch, if it is installed and sees a CUDA device; else None."""
     try:
         import torch
-
-        if torch.cuda.is_available():
-            return int(torch.cuda.device_count())
     except ImportError:
-        pass
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _cupy() -> Any:
+    """cupy, if it is installed and sees a CUDA device; else None."""
     try:
         import cupy
 
-        return int(cupy.cuda.runtime.getDeviceCount())
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
     except Exception:  # no cupy, or no driver
-        return 0
+        return None
+
+
+def gpu_count() -> int:
+    """Local. CUDA devices visible to this process (0 without torch/cupy CUDA support)."""
+    torch = _torch_cuda()
+    if torch is not None:
+        return int(torch.cuda.device_count())
+    cupy = _cupy()
+    return 0 if cupy is None else int(cupy.cuda.runtime.getDeviceCount())
 
 
 def select_device(comm: Any) -> int | None:
@@ -54,17 +65,31 @@ def select_device(comm: Any) -> int | None:
     if n == 0:
         return None
     dev = int(os.environ.get("HPCTP_DEVICE", lrank % n))
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.set_device(dev)
-    except ImportError:
-        pass
-    try:
-        import cupy
-
-        cupy.cuda.Device(dev).use()
-    except Exception:  # cupy missing
-        pass
+    use_device(dev)
     return dev
+
+
+def use_device(dev: int | None) -> None:
+    """Local. Make GPU ``dev`` current for torch and cupy in the calling thread (None: no-op).
+
+    The current device is per thread: a worker thread that creates device blocks (the
+    prefetch thread of :class:`~hpctp.io.FieldLoader`) calls this with its parent's
+    :func:`current_device` first.
+    """
+    if dev is None:
+        return
+    torch = _torch_cuda()
+    if torch is not None:
+        torch.cuda.set_device(dev)
+    cupy = _cupy()
+    if cupy is not None:
+        cupy.cuda.Device(dev).use()
+
+
+def current_device() -> int | None:
+    """Local. The calling thread's current CUDA device (torch's, else cupy's); None without a GPU."""
+    torch = _torch_cuda()
+    if torch is not None:
+        return int(torch.cuda.current_device())
+    cupy = _cupy()
+    return None if cupy is None else int(cupy.cuda.Device().id)

@@ -31,7 +31,7 @@ from .hdf5 import check_stored_dtype, layout_for, read_block
 
 __all__ = ["FieldDataset", "chunk_cache_bytes"]
 
-_LIKES = ("numpy", "torch", "cuda")
+_LIKES = ("numpy", "torch", "cuda", "cupy")
 
 
 def chunk_cache_bytes(ds: h5py.Dataset, selection: Sequence[slice]) -> int:
@@ -69,7 +69,7 @@ class FieldDataset:
     targets : int, str or None
         Lag ``k >= 1`` into the same dataset, the name of a target dataset with the same
         leading size (split the same way), or None for inputs only.
-    like : {"numpy", "torch", "cuda"}
+    like : {"numpy", "torch", "cuda", "cupy"}
         Backend of the returned blocks (stored dtype kept).
     cache_bytes : int, optional
         HDF5 chunk cache per dataset; default: twice the chunk row a rank touches

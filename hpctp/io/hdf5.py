@@ -43,7 +43,7 @@ __all__ = [
     "check_stored_dtype",
 ]
 
-_LIKES = ("numpy", "torch", "cuda")
+_LIKES = ("numpy", "torch", "cuda", "cupy")
 _MAX_CHUNK_BYTES = 64 * 2**20
 
 
@@ -135,7 +135,7 @@ def load_hdf5(
     index : int, optional
         Load only ``dataset[index]`` (one sample or time step of the leading dim); the
         result drops that dim. Negative values count from the end.
-    like : {"numpy", "torch", "cuda"}
+    like : {"numpy", "torch", "cuda", "cupy"}
         Backend of the blocks; the stored dtype is kept.
     dtype : dtype, optional
         Expected stored dtype; a different one is an error (nothing is converted).

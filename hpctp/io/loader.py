@@ -124,7 +124,11 @@ class FieldLoader:
             while todo:
                 yield self._agree(self._read(todo.popleft()))
             return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpctp-io-prefetch") as pool:
+        # the current GPU is per thread: the reader makes its blocks on the caller's device
+        device = C.current_device()
+        with ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="hpctp-io-prefetch", initializer=C.use_device, initargs=(device,)
+        ) as pool:
             ahead: deque[Future[tuple[Batch | None, Exception | None]]] = deque()
             while todo and len(ahead) < self.prefetch:
                 ahead.append(pool.submit(self._read, todo.popleft()))

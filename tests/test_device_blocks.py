@@ -1,0 +1,260 @@
+"""Device blocks through every layer of hpctp: comm, core ops, SUMMA, halo, nn layers, HDF5.
+
+Each test runs once per *kind* of block, and must equal numpy/torch on the gathered tensor:
+
+* ``cpu-staged`` (everywhere, CI included): torch CPU blocks that the comm layer treats as
+  device memory, so every message goes through the pinned staging pool. This covers the
+  staging logic (copies in and out, buffer reuse) without a GPU.
+* ``cuda-staged`` / ``cupy-staged`` (a GPU is visible): torch CUDA tensors / cupy arrays with
+  ``HPCTP_CUDA_AWARE=0``, staged through pinned host buffers.
+* ``cuda-aware`` / ``cupy-aware`` (a GPU, and an MPI library that reports CUDA support):
+  device buffers handed to MPI directly, nothing staged.
+
+``benchmarks/gpu_check.sh`` runs the GPU kinds (``-k "cuda or cupy"``) on 1, 2 and 4 ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+from test_conv_common import compare_layer
+
+import hpctp
+import hpctp.comm.buffers as B
+from hpctp.backend import from_numpy, is_cupy, is_torch
+from hpctp.comm.io_calls import bcast_bytes
+from hpctp.nn.conv import Conv2d
+from hpctp.nn.linear import ColumnParallelLinear, Linear2D, RowParallelLinear
+from hpctp.nn.norm import BatchNorm2d
+from hpctp.nn.pool import MaxPool2d
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+WORLD = MPI.COMM_WORLD
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of local block: ``like`` is the backend name the factories and IO take."""
+
+    name: str
+    like: str  # "torch" (CPU, staged as if on a device), "cuda" or "cupy"
+    aware: bool
+
+    @property
+    def device(self) -> str:
+        """torch device of the blocks (cupy kinds: not used)."""
+        return "cuda" if self.like == "cuda" else "cpu"
+
+    def block(self, a: np.ndarray) -> Any:
+        return from_numpy(np.ascontiguousarray(a), self.like)
+
+    def holds(self, x: Any) -> bool:
+        """``x`` is a block of this kind (same backend, same memory)."""
+        if self.like == "cupy":
+            return is_cupy(x)
+        return is_torch(x) and x.device.type == self.device
+
+
+def _gpu_kinds() -> list[Kind]:
+    if not torch.cuda.is_available():
+        return []
+    aware = hpctp.comm.cuda_aware_reason(override=False)[0]  # forcing it on a plain MPI would crash
+    out = [Kind("cuda-staged", "cuda", False)] + ([Kind("cuda-aware", "cuda", True)] if aware else [])
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            out += [Kind("cupy-staged", "cupy", False)] + ([Kind("cupy-aware", "cupy", True)] if aware else [])
+    except Exception:  # no cupy, or cupy without a driver
+        pass
+    return out
+
+
+KINDS = [Kind("cpu-staged", "torch", False), *_gpu_kinds()]
+TORCH_KINDS = [k for k in KINDS if k.like != "cupy"]
+
+
+@pytest.fixture(params=KINDS, ids=lambda k: k.name)
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Kind:
+    k: Kind = request.param
+    monkeypatch.setenv("HPCTP_CUDA_AWARE", "1" if k.aware else "0")
+    if k.name == "cpu-staged":  # the comm layer sees CPU tensors as device memory
+        real = B.is_device
+        monkeypatch.setattr(B, "is_device", lambda x: B.is_torch_tensor(x) or real(x))
+        monkeypatch.setattr(B, "synchronize", lambda x: None)
+    else:
+        hpctp.comm.select_device(WORLD)
+    monkeypatch.setattr(B, "_pinned", {})  # an empty staging pool for this test
+    return k
+
+
+@pytest.fixture
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One empty directory, created by rank 0 and used by every rank."""
+    mine = str(tmp_path_factory.mktemp("dev")).encode() if WORLD.rank == 0 else None
+    return Path(bcast_bytes(WORLD, mine).decode())
+
+
+def _twice_with_reused_staging(grid: hpctp.ProcessGrid, kind: Kind, run: Any) -> None:
+    """Run ``run`` twice: the second run must add no staging buffer (the pool is reused);
+    device kinds must stage on a multi-rank grid unless MPI is CUDA-aware."""
+    run()
+    first = hpctp.comm.staging_pool()
+    run()
+    assert_equal(grid, np.array(hpctp.comm.staging_pool()), np.array(first), "second run reuses the staging pool")
+    if kind.aware:
+        assert_equal(grid, np.array(first), np.array((0, 0)), "CUDA-aware MPI: nothing staged")
+    elif grid.size > 1:
+        assert_all(grid, first[0] > 0, f"device blocks staged through host buffers, pool {first}")
+
+
+# ----------------------------------------------------------------------------- core ops
+@pytest.mark.mpi
+def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kind) -> None:
+    a = np.arange(63, dtype=np.float64).reshape(9, 7) ** 1.5
+    rank0 = grid2d.rank == 0
+    x = hpctp.distribute(kind.block(a) if rank0 else None, grid2d, (0, 1))
+    b = hpctp.distribute(kind.block(a.T * 0.5) if rank0 else None, grid2d, (1, 0))
+    assert_all(grid2d, kind.holds(x.local) and kind.holds(b.local), "distribute: blocks of this kind")
+
+    def run() -> None:
+        for split in [(1, 0), (None, 0), (None, None), (0, None)]:
+            y = x.redistribute(split)
+            assert_all(grid2d, kind.holds(y.local), f"redistribute {split} keeps the kind")
+            assert_equal(grid2d, y.gather(None), a, f"redistribute {split}")
+        g = x.gather(0)
+        assert_all(grid2d, g is None if not rank0 else kind.holds(g), "gather on the root keeps the kind")
+        assert_allclose(grid2d, float(x.sum()), a.sum(), what="sum")
+        m = x.max(0)
+        assert_all(grid2d, kind.holds(m.local), "reduction keeps the kind")
+        assert_allclose(grid2d, m.gather(None), a.max(0), what="max over axis 0")
+        assert_allclose(grid2d, x.mean(1).gather(None), a.mean(1), what="mean over axis 1")
+        c = hpctp.matmul(x, b)
+        assert_all(grid2d, kind.holds(c.local), "SUMMA result keeps the kind")
+        assert_allclose(grid2d, c.gather(None), a @ (a.T * 0.5), rtol=1e-12, what="SUMMA")
+        h = hpctp.HaloExchange(x, 1, boundary="periodic")
+        padded = h.end(h.begin(x.local))
+        assert_all(grid2d, kind.holds(padded), "halo exchange keeps the kind")
+        r0, c0 = x.local_offsets
+        want = np.pad(a, 1, mode="wrap")[r0 : r0 + padded.shape[0], c0 : c0 + padded.shape[1]]
+        assert_equal(grid2d, padded, want, "periodic halo of width 1")
+
+    _twice_with_reused_staging(grid2d, kind, run)
+
+
+# ----------------------------------------------------------------------------- nn layers
+def _full(p: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
+    """A parameter gathered on every rank, on the host (replicated ones as they are)."""
+    lay = getattr(p, "hpctp_layout", None)
+    full = p.detach() if lay is None else hpctp.DistTensor(p.detach(), grid, lay).gather(root=None)
+    return full.cpu()
+
+
+def _reference(layer: torch.nn.Module, grid: hpctp.ProcessGrid) -> torch.nn.Linear:
+    """A torch Linear on the host holding ``layer``'s gathered parameters."""
+    w, b = _full(layer.weight, grid), _full(layer.bias, grid)
+    ref = torch.nn.Linear(w.shape[1], w.shape[0], dtype=F64)
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        ref.bias.copy_(b)
+    return ref
+
+
+def _mine(p: torch.Tensor, full: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
+    lay = getattr(p, "hpctp_layout", None)
+    return full if lay is None else full[lay.local_slices(grid.coords)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", TORCH_KINDS, ids=lambda k: k.name, indirect=True)
+def test_layers_forward_backward_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kind) -> None:
+    dev = kind.device
+    conv = Conv2d(2, 3, 3, padding=1, grid=grid2d, seed=7, dtype=F64).to(dev)
+    torch.manual_seed(7)
+    ref = torch.nn.Conv2d(2, 3, 3, padding=1, dtype=F64)
+    params, rparams = [conv.weight, conv.bias], [ref.weight, ref.bias]
+    compare_layer(grid2d, conv, ref, (1, 2, 9, 7), (None, None, 0, 1), params, rparams, skew=True, device=dev)
+    pool = MaxPool2d(2, 1, 1, grid=grid2d)
+    compare_layer(grid2d, pool, torch.nn.MaxPool2d(2, 1, 1), (1, 1, 5, 7), (None, None, 0, 1), device=dev)
+    norm = BatchNorm2d(2, grid=grid2d, dtype=F64).to(dev)
+    ref_norm = torch.nn.BatchNorm2d(2, dtype=F64)
+    w = [norm.weight, norm.bias]
+    compare_layer(grid2d, norm, ref_norm, (2, 2, 5, 6), (None, None, 0, 1), w, [ref_norm.weight, ref_norm.bias],
+                  sync=norm, device=dev)  # fmt: skip
+    assert_allclose(grid2d, norm.running_mean, ref_norm.running_mean, rtol=1e-12, what="running mean")
+
+    # Linear2D (SUMMA inside autograd), then a Megatron column -> tanh -> row MLP
+    gen = torch.Generator().manual_seed(3)
+    X, G1, G2 = (torch.randn(*s, generator=gen, dtype=F64) for s in ((5, 7), (5, 6), (5, 4)))
+    lin = Linear2D(7, 6, grid2d, dtype=F64, panel=2, seed=5, device=dev)
+    col = ColumnParallelLinear(7, 8, grid2d, axis=1, dtype=F64, seed=1, device=dev)
+    row = RowParallelLinear(8, 4, grid2d, axis=1, dtype=F64, seed=2, device=dev)
+    r_lin, r_col, r_row = (_reference(m, grid2d) for m in (lin, col, row))
+    xr1, xr2 = X.clone().requires_grad_(), X.clone().requires_grad_()
+    ((r_lin(xr1) * G1).sum() + (r_row(torch.tanh(r_col(xr2))) * G2).sum()).backward()
+    xl = hpctp.Layout((5, 7), grid2d.dims, (0, 1)).local_slices(grid2d.coords)
+    yl = hpctp.Layout((5, 6), grid2d.dims, (0, 1)).local_slices(grid2d.coords)
+    x1, x2 = X[xl].clone().to(dev).requires_grad_(), X.clone().to(dev).requires_grad_()
+    y1, y2 = lin(x1), row(torch.tanh(col(x2)))
+    assert_all(grid2d, y1.device.type == dev and y2.device.type == dev, "outputs on the device")
+    ((y1 * G1[yl].to(dev)).sum() + (y2 * G2.to(dev)).sum()).backward()
+    assert_allclose(grid2d, y1.detach(), r_lin(X).detach()[yl], rtol=1e-12, atol=1e-14, what="Linear2D output")
+    assert_allclose(grid2d, y2.detach(), r_row(torch.tanh(r_col(X))).detach(), rtol=1e-12, atol=1e-14, what="MLP")
+    assert_allclose(grid2d, x1.grad, xr1.grad[xl], rtol=1e-12, atol=1e-14, what="Linear2D input gradient")
+    assert_allclose(grid2d, x2.grad, xr2.grad, rtol=1e-12, atol=1e-14, what="MLP input gradient")
+    for layer, r in ((lin, r_lin), (col, r_col), (row, r_row)):
+        assert_all(grid2d, layer.weight.grad.device.type == dev, "weight gradient on the device")
+        assert_allclose(grid2d, layer.weight.grad, _mine(layer.weight, r.weight.grad, grid2d), rtol=1e-12, atol=1e-14)
+        assert_allclose(grid2d, layer.bias.grad, _mine(layer.bias, r.bias.grad, grid2d), rtol=1e-12, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- HDF5
+@pytest.mark.mpi
+def test_hdf5_keeps_device_blocks(grid2d: hpctp.ProcessGrid, kind: Kind, shared_dir: Path) -> None:
+    a = np.arange(2 * 9 * 7, dtype=np.float32).reshape(2, 9, 7) / 7
+    path = shared_dir / "u.h5"
+    x = hpctp.distribute(kind.block(a) if grid2d.rank == 0 else None, grid2d, (None, 0, 1))
+    hpctp.io.save_hdf5(x, path, "u", mode="w")
+    y = hpctp.io.load_hdf5(path, "u", grid2d, (None, 1, 0), like=kind.like)
+    assert_all(grid2d, kind.holds(y.local), "load_hdf5(like=...) gives blocks of this kind")
+    assert_equal(grid2d, y.gather(None), a, "HDF5 round trip")
+    ds = hpctp.io.FieldDataset(path, "u", grid2d, (0, 1), targets=1, like=kind.like)
+    for inputs, targets in hpctp.io.FieldLoader(ds, batch_size=1, prefetch=1):
+        on_mine = kind.holds(inputs.local) and kind.holds(targets.local)
+        if kind.like == "cuda":  # the prefetch thread made them on this rank's device
+            on_mine = on_mine and inputs.local.device.index == torch.cuda.current_device()
+        assert_all(grid2d, on_mine, "prefetched batches on this rank's device")
+        assert_equal(grid2d, targets.gather(None), a[1:], "target of sample 0")
+    ds.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", TORCH_KINDS, ids=lambda k: k.name, indirect=True)
+def test_checkpoint_of_a_model_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kind, shared_dir: Path) -> None:
+    dev = kind.device
+    net = Linear2D(6, 5, grid2d, dtype=F64, seed=4, device=dev)
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(2)
+    X = torch.randn(3, 6, generator=gen, dtype=F64)
+    xl = hpctp.Layout((3, 6), grid2d.dims, (0, 1)).local_slices(grid2d.coords)
+    net(X[xl].to(dev)).square().sum().backward()
+    opt.step()
+    hpctp.io.save_checkpoint(shared_dir / "c.h5", net, opt, 1, grid2d)
+    net2 = Linear2D(6, 5, grid2d, dtype=F64, seed=9, device=dev)
+    opt2 = torch.optim.Adam(net2.parameters(), lr=0.1)
+    step = hpctp.io.load_checkpoint(shared_dir / "c.h5", net2, opt2, grid2d)
+    assert_equal(grid2d, np.array(step), np.array(1), "step")
+    for p, q in zip(net.parameters(), net2.parameters()):
+        assert_all(grid2d, q.device.type == dev, "loaded parameters stay on the device")
+        assert_equal(grid2d, q.detach(), p.detach(), "parameter")
+        for key in ("exp_avg", "exp_avg_sq"):
+            s = opt2.state[q][key]
+            assert_all(grid2d, s.device.type == dev, f"optimizer {key} on the parameter's device")
+            assert_equal(grid2d, s, opt.state[p][key], f"optimizer {key}")
