@@ -50,7 +50,6 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "Linear2D", "Linear", "i
 _BIAS_STREAM = 0x5DEECE66D
 
 
-
 def _check_features(in_features: object, out_features: object) -> None:
     for name, v in (("in_features", in_features), ("out_features", out_features)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -93,11 +92,28 @@ def _bias_seed(seed: int) -> int:
     return (int(seed) * 6364136223846793005 + _BIAS_STREAM) % 2**63
 
 
-def _parameter(data: torch.Tensor, layout: Layout | None) -> torch.nn.Parameter:
+def _parameter(data: torch.Tensor, layout: Layout) -> torch.nn.Parameter:
+    """A parameter holding ``data``; it carries ``hpctp_layout`` when ``layout`` splits a dim
+    (sharded), none when it is replicated (checkpoints and gradient sync treat it as plain)."""
     p = torch.nn.Parameter(data)
-    if layout is not None:
+    if any(axis is not None for axis in layout.split):
         p.hpctp_layout = layout  # type: ignore[attr-defined]
     return p
+
+
+def _init_parameters(
+    module: torch.nn.Module, grid: ProcessGrid, weight: Layout, bias: Layout | None, seed: int, dtype: torch.dtype,
+    device: Any,
+) -> None:  # fmt: skip
+    """Local. ``module.weight`` (global ``[out, in]`` laid out as ``weight``) and ``module.bias``
+    (laid out as ``bias``; None: no bias), initialised like ``torch.nn.Linear``
+    (``U(-1/sqrt(in), 1/sqrt(in))``) as this rank's blocks of grid-independent global tensors."""
+    bound = 1.0 / math.sqrt(weight.global_shape[1])
+    module.weight = _parameter(init_block(weight, grid.coords, seed, bound, dtype, device), weight)
+    if bias is None:
+        module.register_parameter("bias", None)
+    else:
+        module.bias = _parameter(init_block(bias, grid.coords, _bias_seed(seed), bound, dtype, device), bias)
 
 
 def _mark_complete(module: torch.nn.Module, axes: tuple[int, ...]) -> None:
@@ -238,14 +254,9 @@ class ColumnParallelLinear(torch.nn.Module):
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features, self.gather_output = in_features, out_features, bool(gather_output)
         self.out_cuts = block_cuts(out_features, grid.dims[axis])
-        bound = 1.0 / math.sqrt(in_features)
         wl = Layout((out_features, in_features), grid.dims, _split(2, 0, axis))
-        self.weight = _parameter(init_block(wl, grid.coords, seed, bound, dtype, device), wl)
-        if bias:
-            bl = Layout((out_features,), grid.dims, _split(1, 0, axis))
-            self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), bl)
-        else:
-            self.register_parameter("bias", None)
+        bl = Layout((out_features,), grid.dims, _split(1, 0, axis)) if bias else None
+        _init_parameters(self, grid, wl, bl, seed, dtype, device)
         _mark_complete(self, (self.axis,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -320,14 +331,9 @@ class RowParallelLinear(torch.nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = bool(input_is_parallel)
         self.in_cuts = block_cuts(in_features, grid.dims[axis])
-        bound = 1.0 / math.sqrt(in_features)
         wl = Layout((out_features, in_features), grid.dims, _split(2, 1, axis))
-        self.weight = _parameter(init_block(wl, grid.coords, seed, bound, dtype, device), wl)
-        if bias:
-            bl = Layout((out_features,), grid.dims, (None,))
-            self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), None)
-        else:
-            self.register_parameter("bias", None)
+        bl = Layout((out_features,), grid.dims, (None,)) if bias else None  # replicated
+        _init_parameters(self, grid, wl, bl, seed, dtype, device)
         _mark_complete(self, (self.axis,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -441,14 +447,9 @@ class Linear2D(torch.nn.Module):
         _check_features(in_features, out_features)
         self.in_features, self.out_features = in_features, out_features
         self.panel = check_panel(panel)
-        bound = 1.0 / math.sqrt(in_features)
         self.w_layout = Layout((out_features, in_features), grid.dims, (0, 1))
-        self.weight = _parameter(init_block(self.w_layout, grid.coords, seed, bound, dtype, device), self.w_layout)
-        if bias:
-            bl = Layout((out_features,), grid.dims, (1,))
-            self.bias = _parameter(init_block(bl, grid.coords, _bias_seed(seed), bound, dtype, device), bl)
-        else:
-            self.register_parameter("bias", None)
+        bl = Layout((out_features,), grid.dims, (1,)) if bias else None
+        _init_parameters(self, grid, self.w_layout, bl, seed, dtype, device)
         _mark_complete(self, (0, 1))
 
     def _x_layout(self, rows: int) -> Layout:
