@@ -20,8 +20,8 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
-from ..layout import normalize_split
 from ..tensor import DistTensor
+from ._window import full_split
 from .autograd_comm import Comms, check_grid, comms_for_axes, reduce_sum_
 
 __all__ = [
@@ -60,24 +60,14 @@ def field_axes(grid: ProcessGrid, split: object, n_spatial: int) -> tuple[tuple[
     ValueError, TypeError
         On an invalid split.
     """
-    if split is None:
-        items: tuple[object, ...] = tuple(i if i < grid.ndim else None for i in range(n_spatial))
-    else:
-        if isinstance(split, int) and not isinstance(split, bool):
-            split = (split,)
+    if isinstance(split, int) and not isinstance(split, bool):
+        split = (split,)
+    if split is not None:
         try:
-            items = tuple(split)  # type: ignore[call-overload, arg-type]
+            split = tuple(split)  # type: ignore[call-overload, arg-type]
         except TypeError:
             raise TypeError(f"split must be a sequence of grid axes (or None), got {split!r}") from None
-        if len(items) == n_spatial + 2:
-            if items[0] is not None or items[1] is not None:
-                raise ValueError(f"split={items}: the batch and channel dims cannot be split here")
-            items = items[2:]
-        if len(items) != n_spatial:
-            raise ValueError(
-                f"split={items} must have one entry per spatial dim ({n_spatial}) or per block dim ({n_spatial + 2})"
-            )
-    sp = normalize_split(items, n_spatial, grid.ndim)
+    sp = full_split(split, n_spatial, grid.ndim)[2:]
     return sp, tuple(sorted(g for g in sp if g is not None))
 
 
