@@ -24,6 +24,7 @@ import pytest
 import torch
 from mpi4py import MPI
 from test_conv_common import compare_layer
+from test_linear import param_block, reference_linear
 
 import hpctp
 import hpctp.comm.buffers as B
@@ -150,28 +151,6 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
 
 
 # ----------------------------------------------------------------------------- nn layers
-def _full(p: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
-    """A parameter gathered on every rank, on the host (replicated ones as they are)."""
-    lay = getattr(p, "hpctp_layout", None)
-    full = p.detach() if lay is None else hpctp.DistTensor(p.detach(), grid, lay).gather(root=None)
-    return full.cpu()
-
-
-def _reference(layer: torch.nn.Module, grid: hpctp.ProcessGrid) -> torch.nn.Linear:
-    """A torch Linear on the host holding ``layer``'s gathered parameters."""
-    w, b = _full(layer.weight, grid), _full(layer.bias, grid)
-    ref = torch.nn.Linear(w.shape[1], w.shape[0], dtype=F64)
-    with torch.no_grad():
-        ref.weight.copy_(w)
-        ref.bias.copy_(b)
-    return ref
-
-
-def _mine(p: torch.Tensor, full: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
-    lay = getattr(p, "hpctp_layout", None)
-    return full if lay is None else full[lay.local_slices(grid.coords)]
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", TORCH_KINDS, ids=lambda k: k.name, indirect=True)
 def test_layers_forward_backward_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kind) -> None:
@@ -196,7 +175,7 @@ def test_layers_forward_backward_on_the_device(grid2d: hpctp.ProcessGrid, kind: 
     lin = Linear2D(7, 6, grid2d, dtype=F64, panel=2, seed=5, device=dev)
     col = ColumnParallelLinear(7, 8, grid2d, axis=1, dtype=F64, seed=1, device=dev)
     row = RowParallelLinear(8, 4, grid2d, axis=1, dtype=F64, seed=2, device=dev)
-    r_lin, r_col, r_row = (_reference(m, grid2d) for m in (lin, col, row))
+    r_lin, r_col, r_row = (reference_linear(m, grid2d, m.in_features, m.out_features) for m in (lin, col, row))
     xr1, xr2 = X.clone().requires_grad_(), X.clone().requires_grad_()
     ((r_lin(xr1) * G1).sum() + (r_row(torch.tanh(r_col(xr2))) * G2).sum()).backward()
     xl = hpctp.Layout((5, 7), grid2d.dims, (0, 1)).local_slices(grid2d.coords)
@@ -211,8 +190,10 @@ def test_layers_forward_backward_on_the_device(grid2d: hpctp.ProcessGrid, kind: 
     assert_allclose(grid2d, x2.grad, xr2.grad, rtol=1e-12, atol=1e-14, what="MLP input gradient")
     for layer, r in ((lin, r_lin), (col, r_col), (row, r_row)):
         assert_all(grid2d, layer.weight.grad.device.type == dev, "weight gradient on the device")
-        assert_allclose(grid2d, layer.weight.grad, _mine(layer.weight, r.weight.grad, grid2d), rtol=1e-12, atol=1e-14)
-        assert_allclose(grid2d, layer.bias.grad, _mine(layer.bias, r.bias.grad, grid2d), rtol=1e-12, atol=1e-14)
+        assert_allclose(
+            grid2d, layer.weight.grad, param_block(layer.weight, r.weight.grad, grid2d), rtol=1e-12, atol=1e-14
+        )
+        assert_allclose(grid2d, layer.bias.grad, param_block(layer.bias, r.bias.grad, grid2d), rtol=1e-12, atol=1e-14)
 
 
 # ----------------------------------------------------------------------------- HDF5

@@ -14,28 +14,28 @@ from hpctp.testing import assert_all, assert_allclose
 F64 = torch.float64
 
 
-def _full(p: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
-    """The global parameter (gathered on every rank); replicated parameters as they are."""
+def full_param(p: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
+    """The global parameter (gathered on every rank), on the host; replicated parameters as they are."""
     lay = getattr(p, "hpctp_layout", None)
     if lay is None:
-        return p.detach().clone()
-    return hpctp.DistTensor(p.detach(), grid, lay).gather(root=None)
+        return p.detach().cpu().clone()
+    return hpctp.DistTensor(p.detach(), grid, lay).gather(root=None).cpu()
 
 
 def _global(shape: tuple[int, int], seed: int) -> torch.Tensor:
     return torch.from_numpy(block_normal(shape, tuple((0, s) for s in shape), seed))
 
 
-def _reference(layer: torch.nn.Module, grid: hpctp.ProcessGrid, fin: int, fout: int) -> torch.nn.Linear:
+def reference_linear(layer: torch.nn.Module, grid: hpctp.ProcessGrid, fin: int, fout: int) -> torch.nn.Linear:
     ref = torch.nn.Linear(fin, fout, bias=layer.bias is not None, dtype=F64)
     with torch.no_grad():
-        ref.weight.copy_(_full(layer.weight, grid))
+        ref.weight.copy_(full_param(layer.weight, grid))
         if layer.bias is not None:
-            ref.bias.copy_(_full(layer.bias, grid))
+            ref.bias.copy_(full_param(layer.bias, grid))
     return ref
 
 
-def _block(p: torch.Tensor, full: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
+def param_block(p: torch.Tensor, full: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
     lay = getattr(p, "hpctp_layout", None)
     return full if lay is None else full[lay.local_slices(grid.coords)]
 
@@ -44,7 +44,7 @@ def _block(p: torch.Tensor, full: torch.Tensor, grid: hpctp.ProcessGrid) -> torc
 @pytest.mark.parametrize("batch,fin,fout,bias", [(5, 7, 6, True), (3, 2, 5, False), (1, 9, 4, True)])
 def test_linear2d_matches_torch(grid2d, batch, fin, fout, bias):  # type: ignore[no-untyped-def]
     layer = Linear2D(fin, fout, grid2d, bias=bias, dtype=F64, panel=2, seed=5)
-    ref = _reference(layer, grid2d, fin, fout)
+    ref = reference_linear(layer, grid2d, fin, fout)
     X, G = _global((batch, fin), 1), _global((batch, fout), 2)
     xr = X.clone().requires_grad_()
     (ref(xr) * G).sum().backward()
@@ -55,9 +55,11 @@ def test_linear2d_matches_torch(grid2d, batch, fin, fout, bias):  # type: ignore
     (y * G[yl]).sum().backward()
     assert_allclose(grid2d, y.detach(), ref(X).detach()[yl], rtol=1e-12, atol=1e-14, what="output block")
     assert_allclose(grid2d, x.grad, xr.grad[xl], rtol=1e-12, atol=1e-14, what="input gradient")
-    assert_allclose(grid2d, layer.weight.grad, _block(layer.weight, ref.weight.grad, grid2d), rtol=1e-12, atol=1e-14)
+    assert_allclose(
+        grid2d, layer.weight.grad, param_block(layer.weight, ref.weight.grad, grid2d), rtol=1e-12, atol=1e-14
+    )
     if bias:
-        assert_allclose(grid2d, layer.bias.grad, _block(layer.bias, ref.bias.grad, grid2d), rtol=1e-12, atol=1e-14)
+        assert_allclose(grid2d, layer.bias.grad, param_block(layer.bias, ref.bias.grad, grid2d), rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.mpi
@@ -69,7 +71,7 @@ def test_column_row_mlp_matches_torch(grid2d, gather, scatter):  # type: ignore[
     for axis in range(2):
         col = ColumnParallelLinear(fin, hidden, grid2d, axis=axis, gather_output=gather, dtype=F64, seed=1)
         row = RowParallelLinear(hidden, fout, grid2d, axis=axis, input_is_parallel=not scatter, dtype=F64, seed=2)
-        r1, r2 = _reference(col, grid2d, fin, hidden), _reference(row, grid2d, hidden, fout)
+        r1, r2 = reference_linear(col, grid2d, fin, hidden), reference_linear(row, grid2d, hidden, fout)
         xr = X.clone().requires_grad_()
         (r2(torch.tanh(r1(xr))) * G).sum().backward()
         x = X.clone().requires_grad_()
@@ -83,21 +85,23 @@ def test_column_row_mlp_matches_torch(grid2d, gather, scatter):  # type: ignore[
         assert_allclose(grid2d, x.grad, xr.grad, rtol=1e-12, atol=1e-14, what=what)
         for layer, ref in ((col, r1), (row, r2)):
             assert_allclose(
-                grid2d, layer.weight.grad, _block(layer.weight, ref.weight.grad, grid2d), rtol=1e-12, what=what
+                grid2d, layer.weight.grad, param_block(layer.weight, ref.weight.grad, grid2d), rtol=1e-12, what=what
             )
-            assert_allclose(grid2d, layer.bias.grad, _block(layer.bias, ref.bias.grad, grid2d), rtol=1e-12, what=what)
+            assert_allclose(
+                grid2d, layer.bias.grad, param_block(layer.bias, ref.bias.grad, grid2d), rtol=1e-12, what=what
+            )
 
 
 @pytest.mark.mpi
 def test_column_parallel_on_1d_grid(grid1d):  # type: ignore[no-untyped-def]
     layer = ColumnParallelLinear(3, 5, grid1d, dtype=F64, gather_output=True)
-    ref = _reference(layer, grid1d, 3, 5)
+    ref = reference_linear(layer, grid1d, 3, 5)
     X = _global((2, 3), 6)
     x, xr = X.clone().requires_grad_(), X.clone().requires_grad_()
     (layer(x) ** 2).sum().backward()
     (ref(xr) ** 2).sum().backward()
     assert_allclose(grid1d, x.grad, xr.grad, rtol=1e-12)
-    assert_allclose(grid1d, layer.weight.grad, _block(layer.weight, ref.weight.grad, grid1d), rtol=1e-12)
+    assert_allclose(grid1d, layer.weight.grad, param_block(layer.weight, ref.weight.grad, grid1d), rtol=1e-12)
 
 
 @pytest.mark.mpi
@@ -109,9 +113,9 @@ def test_init_is_grid_independent(grid2d):  # type: ignore[no-untyped-def]
         RowParallelLinear(fin, fout, grid2d, axis=0, seed=seed, dtype=F64),
         Linear2D(fin, fout, grid2d, seed=seed, dtype=F64),
     ]
-    biases = [_full(layer.bias, grid2d) for layer in layers]
+    biases = [full_param(layer.bias, grid2d) for layer in layers]
     for layer in layers:
-        assert_allclose(grid2d, _full(layer.weight, grid2d), want_w, rtol=0, atol=0, what=type(layer).__name__)
+        assert_allclose(grid2d, full_param(layer.weight, grid2d), want_w, rtol=0, atol=0, what=type(layer).__name__)
         lay = layer.weight.hpctp_layout
         assert_all(grid2d, tuple(layer.weight.shape) == lay.local_shape(grid2d.coords), "weight block shape")
         assert_all(grid2d, lay.global_shape == (fout, fin) and lay.grid_dims == grid2d.dims, str(lay))
@@ -131,7 +135,7 @@ def test_float32_and_factory(grid2d):  # type: ignore[no-untyped-def]
     X = _global((4, 8), 7).float()
     xl = hpctp.Layout((4, 8), grid2d.dims, (0, 1)).local_slices(grid2d.coords)
     yl = hpctp.Layout((4, 6), grid2d.dims, (0, 1)).local_slices(grid2d.coords)
-    ref = (X.double() @ _full(layer.weight, grid2d).double().T + _full(layer.bias, grid2d).double()).float()
+    ref = (X.double() @ full_param(layer.weight, grid2d).double().T + full_param(layer.bias, grid2d).double()).float()
     assert_allclose(grid2d, layer(X[xl].contiguous()).detach(), ref[yl], rtol=1e-5, atol=1e-6)
 
 
@@ -166,11 +170,11 @@ def test_sync_gradients_leaves_completed_linear_gradients_alone(grid1d):  # type
 
     col = ColumnParallelLinear(5, 7, grid1d, dtype=F64, seed=1)
     row = RowParallelLinear(7, 3, grid1d, dtype=F64, seed=2)
-    r1, r2 = _reference(col, grid1d, 5, 7), _reference(row, grid1d, 7, 3)
+    r1, r2 = reference_linear(col, grid1d, 5, 7), reference_linear(row, grid1d, 7, 3)
     X = _global((4, 5), 3)
     (row(torch.tanh(col(X))) ** 2).sum().backward()
     (r2(torch.tanh(r1(X))) ** 2).sum().backward()
     sync_gradients(torch.nn.ModuleList([col, row]), grid1d)
     for layer, ref in ((col, r1), (row, r2)):
-        assert_allclose(grid1d, layer.weight.grad, _block(layer.weight, ref.weight.grad, grid1d), rtol=1e-12)
-        assert_allclose(grid1d, layer.bias.grad, _block(layer.bias, ref.bias.grad, grid1d), rtol=1e-12)
+        assert_allclose(grid1d, layer.weight.grad, param_block(layer.weight, ref.weight.grad, grid1d), rtol=1e-12)
+        assert_allclose(grid1d, layer.bias.grad, param_block(layer.bias, ref.bias.grad, grid1d), rtol=1e-12)
