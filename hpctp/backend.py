@@ -13,6 +13,7 @@ import numpy as np
 
 __all__ = [
     "Array",
+    "BACKENDS",
     "backend_name",
     "is_torch",
     "is_cupy",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 Array = Any  # numpy.ndarray | torch.Tensor | cupy.ndarray
+
+# Backend names the factories, the HDF5 readers and DistTensor.to accept ("cuda": torch on the
+# current GPU). The order is part of distribute's header: append, never reorder.
+BACKENDS = ("numpy", "torch", "cuda", "cupy")
 
 
 def is_torch(x: object) -> bool:

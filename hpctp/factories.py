@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import comm as C
-from .backend import Array, backend_name, check_array, empty_like_backend
+from .backend import BACKENDS, Array, backend_name, check_array, empty_like_backend
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
 from .layout import Layout, grid_coords, normalize_split
@@ -18,8 +18,6 @@ from .tensor import DistTensor
 __all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full"]
 
 _MAX_NDIM = 32
-_BACKENDS = ("numpy", "torch", "cuda", "cupy")
-
 
 
 def _backend_key(x: Array) -> str:
@@ -64,13 +62,13 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
             check_array(array, "distribute(array=...) on the root rank")
             if array.ndim > _MAX_NDIM:  # type: ignore[union-attr]
                 raise ValueError(f"at most {_MAX_NDIM} dims are supported, got {array.ndim}")  # type: ignore[union-attr]
-            header = [array.ndim, dtype_code(array.dtype), _BACKENDS.index(_backend_key(array))]  # type: ignore[union-attr]
+            header = [array.ndim, dtype_code(array.dtype), BACKENDS.index(_backend_key(array))]  # type: ignore[union-attr]
             header += list(array.shape) + [0] * (_MAX_NDIM - array.ndim)  # type: ignore[union-attr]
         except (TypeError, ValueError) as e:
             error = e
     C.raise_if_any(grid.comm, error)
     h = C.bcast_ints(grid.comm, header, 3 + _MAX_NDIM, root=root)
-    ndim, code, backend = int(h[0]), int(h[1]), _BACKENDS[int(h[2])]
+    ndim, code, backend = int(h[0]), int(h[1]), BACKENDS[int(h[2])]
     shape = tuple(int(s) for s in h[3 : 3 + ndim])
     layout = Layout(shape, grid.dims, normalize_split(split, ndim, grid.ndim))
     dtype = array.dtype if grid.rank == root else dtype_from_code(code, backend)  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, astype, backend_name, check_array, convert, is_device
+from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, is_device
 from .comm import ProcessGrid, check_grid
 from .layout import Layout
 from .ops.reduce import normalize_axes, reduce_block
@@ -213,7 +213,7 @@ class DistTensor:
 
     def to(self, backend: str) -> DistTensor:
         """Local. Same tensor with blocks on another backend: ``"numpy"``, ``"torch"``, ``"cuda"``, ``"cupy"``."""
-        if backend not in ("numpy", "torch", "cuda", "cupy"):
+        if backend not in BACKENDS:
             raise ValueError(f"backend must be 'numpy', 'torch', 'cuda' or 'cupy', got {backend!r}")
         return self._new(convert(self.local, backend))
 

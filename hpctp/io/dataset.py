@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from ..backend import from_numpy
+from ..backend import BACKENDS, from_numpy
 from ..comm import ProcessGrid
 from ..layout import Layout
 from ..tensor import DistTensor
@@ -31,7 +31,6 @@ from .hdf5 import check_stored_dtype, layout_for, read_block
 
 __all__ = ["FieldDataset", "chunk_cache_bytes"]
 
-_LIKES = ("numpy", "torch", "cuda", "cupy")
 
 
 def chunk_cache_bytes(ds: h5py.Dataset, selection: Sequence[slice]) -> int:
@@ -114,8 +113,8 @@ class FieldDataset:
     def _setup(
         self, dataset: str, split: object, samples: Any, targets: int | str | None, cache_bytes: int | None
     ) -> None:
-        if self.like not in _LIKES:
-            raise ValueError(f"like={self.like!r} must be one of {_LIKES}")
+        if self.like not in BACKENDS:
+            raise ValueError(f"like={self.like!r} must be one of {BACKENDS}")
         self.dataset = check_dataset_name(dataset)
         self._x, self.layout = self._open(self.dataset, split, cache_bytes)
         n = self._x.shape[0]

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from ..backend import from_numpy, numpy_dtype, to_numpy
+from ..backend import BACKENDS, from_numpy, numpy_dtype, to_numpy
 from ..comm import ProcessGrid
 from ..dtypes import dtype_name
 from ..layout import Layout
@@ -43,7 +43,6 @@ __all__ = [
     "check_stored_dtype",
 ]
 
-_LIKES = ("numpy", "torch", "cuda", "cupy")
 _MAX_CHUNK_BYTES = 64 * 2**20
 
 
@@ -164,8 +163,8 @@ def load_hdf5(
     path = os.fspath(path)
     error: Exception | None = None
     try:
-        if like not in _LIKES:
-            raise ValueError(f"like={like!r} must be one of {_LIKES}")
+        if like not in BACKENDS:
+            raise ValueError(f"like={like!r} must be one of {BACKENDS}")
         name = check_dataset_name(dataset)
         resolved = resolve_method(method, grid.size)
     except Exception as e:  # noqa: BLE001 - agree on every failure
