@@ -88,7 +88,7 @@ def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Kin
     monkeypatch.setenv("HPCTP_CUDA_AWARE", "1" if k.aware else "0")
     if k.name == "cpu-staged":  # the comm layer sees CPU tensors as device memory
         real = B.is_device
-        monkeypatch.setattr(B, "is_device", lambda x: B.is_torch_tensor(x) or real(x))
+        monkeypatch.setattr(B, "is_device", lambda x: is_torch(x) or real(x))
         monkeypatch.setattr(B, "synchronize", lambda x: None)
     else:
         hpctp.comm.select_device(WORLD)

@@ -4,13 +4,12 @@ where the memory allows it (numpy, torch CPU, device memory with CUDA-aware MPI)
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..backend import Array, backend_name, is_device
+from ..backend import Array, backend_name, is_device, is_torch, numpy_dtype
 from .cuda import cuda_aware
 
 __all__ = ["mpi_buffer", "nbytes", "staging_pool", "synchronize"]
@@ -20,21 +19,16 @@ _pinned: dict[int, list[np.ndarray]] = {}
 
 def nbytes(x: Array) -> int:
     """Local. Size of a block in bytes."""
-    if is_torch_tensor(x):
+    if is_torch(x):
         return int(x.numel() * x.element_size())
     return int(x.nbytes)
-
-
-def is_torch_tensor(x: object) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def synchronize(x: Array) -> None:
     """Local. Wait until pending GPU work on ``x``'s device is done (no-op on the host)."""
     if not is_device(x):
         return
-    if is_torch_tensor(x):
+    if is_torch(x):
         import torch
 
         torch.cuda.current_stream(x.device).synchronize()
@@ -137,7 +131,7 @@ def mpi_buffer(x: Array, *, read: bool = True, write: bool = False) -> Iterator[
                 torch.from_numpy(host).copy_(flat.view(torch.uint8))
             else:
                 flat.view(np.uint8).get(out=host)
-        yield host.view(_numpy_dtype_of(dev)).reshape(tuple(x.shape))
+        yield host.view(numpy_dtype(dev.dtype)).reshape(tuple(x.shape))  # bfloat16 is viewed as int16
         if write:
             if name == "torch":
                 import torch
@@ -149,10 +143,3 @@ def mpi_buffer(x: Array, *, read: bool = True, write: bool = False) -> Iterator[
     finally:
         _release_staging(pooled)
 
-
-def _numpy_dtype_of(dev: Any) -> np.dtype:
-    if is_torch_tensor(dev):
-        import torch
-
-        return torch.empty(0, dtype=dev.dtype).numpy().dtype
-    return np.dtype(dev.dtype)
