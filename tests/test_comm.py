@@ -86,6 +86,20 @@ def test_raise_if_any_agrees(world: MPI.Intracomm) -> None:
     assert_all(world, C.all_true(world, True) and not C.all_true(world, rank != 0), "all_true")
 
 
+@pytest.mark.mpi
+def test_bfloat16_reductions_add_values_not_bit_patterns(world: MPI.Intracomm) -> None:
+    size = world.Get_size()
+    x = torch.full((3,), 1.5, dtype=torch.bfloat16)
+    C.allreduce(world, x, "sum")
+    assert_equal(world, x.float().numpy(), np.full(3, 1.5 * size, dtype=np.float32), "allreduce")
+    y = torch.full((2,), -0.25, dtype=torch.bfloat16)
+    C.reduce(world, y, root=0)
+    assert_equal(world, y.float().numpy(), np.full(2, -0.25 * (size if world.rank == 0 else 1), dtype=np.float32))
+    z = torch.full((2,), 2.0, dtype=torch.bfloat16)
+    C.ireduce(world, z, root=size - 1, op="max").wait()
+    assert_equal(world, z.float().numpy(), np.full(2, 2.0, dtype=np.float32), "ireduce max")
+
+
 def test_cuda_aware_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HPCTP_CUDA_AWARE", "1")
     assert C.cuda_aware() and C.cuda_aware_reason()[1] == "HPCTP_CUDA_AWARE=1"

@@ -150,6 +150,32 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
     _twice_with_reused_staging(grid2d, kind, run)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", TORCH_KINDS, ids=lambda k: k.name, indirect=True)
+def test_staging_keeps_every_dtype(world: MPI.Intracomm, kind: Kind) -> None:
+    """bfloat16 (moved as int16, reduced as float32), complex and int blocks survive a broadcast,
+    a sum to every rank and a sum to one root, from device memory."""
+    size, root = world.Get_size(), world.Get_size() - 1
+    for dtype in (torch.bfloat16, torch.complex128, torch.int32):
+        want = (torch.arange(6, dtype=torch.float64) * 1.5 - 2).to(dtype)  # exact in every dtype
+        if dtype.is_complex:
+            want = want * (1 - 2j)
+        x = (want.clone() if world.rank == root else torch.zeros(6, dtype=dtype)).to(kind.device)
+        hpctp.comm.bcast(world, x, root=root)
+        assert_all(world, kind.holds(x), f"{dtype} stays on the device")
+        assert_equal(world, x.cpu().to(torch.complex128), want.to(torch.complex128), f"bcast {dtype}")
+        total = want.to(torch.complex128) * size  # exact too
+        s = want.clone().to(kind.device)
+        hpctp.comm.allreduce(world, s, "sum")
+        assert_equal(world, s.cpu().to(torch.complex128), total, f"allreduce {dtype}")
+        r = want.clone().to(kind.device)
+        hpctp.comm.ireduce(world, r, root=root).wait()
+        if world.rank == root:
+            assert_equal(world, r.cpu().to(torch.complex128), total, f"ireduce {dtype}")
+        else:
+            assert_equal(world, r.cpu().to(torch.complex128), want.to(torch.complex128), f"ireduce {dtype}: input kept")
+
+
 # ----------------------------------------------------------------------------- nn layers
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", TORCH_KINDS, ids=lambda k: k.name, indirect=True)

@@ -12,7 +12,7 @@ import numpy as np
 from ..backend import Array, backend_name, is_device, is_torch, numpy_dtype
 from .cuda import cuda_aware
 
-__all__ = ["mpi_buffer", "nbytes", "staging_pool", "synchronize"]
+__all__ = ["mpi_buffer", "nbytes", "reduction_buffer", "staging_pool", "synchronize"]
 
 _pinned: dict[int, list[np.ndarray]] = {}
 
@@ -143,3 +143,24 @@ def mpi_buffer(x: Array, *, read: bool = True, write: bool = False) -> Iterator[
     finally:
         _release_staging(pooled)
 
+
+@contextlib.contextmanager
+def reduction_buffer(x: Array, *, write: bool) -> Iterator[Any]:
+    """Local. :func:`mpi_buffer` (``read=True``) for a reduction's contribution and result.
+
+    MPI has no bfloat16 arithmetic (moving bfloat16 as int16 would add bit patterns), so a
+    torch bfloat16 block is reduced as a float32 copy on its device and rounded back into
+    ``x`` on exit when ``write``; every other block is reduced in place.
+    """
+    if not (is_torch(x) and str(x.dtype) == "torch.bfloat16"):
+        with mpi_buffer(x, read=True, write=write) as buf:
+            yield buf
+        return
+    import torch
+
+    wide = x.detach().to(torch.float32)
+    with mpi_buffer(wide, read=True, write=write) as buf:
+        yield buf
+    if write:
+        with torch.no_grad():
+            x.copy_(wide)

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..backend import Array
-from .buffers import mpi_buffer, nbytes
+from .buffers import mpi_buffer, nbytes, reduction_buffer
 from .counter import record
 
 __all__ = [
@@ -90,13 +90,14 @@ def allreduce(comm: MPI.Intracomm, x: Array, op: str = "sum") -> Array:
     ----------
     comm : mpi4py.MPI.Intracomm
     x : array
-        Contiguous block, same shape and dtype on every rank.
+        Contiguous block, same shape and dtype on every rank (bfloat16 is reduced in
+        float32 and rounded back).
     op : {"sum", "max", "min", "prod"}
     """
     mpi_op = _op(op)
     size = comm.Get_size()
     if size > 1:
-        with mpi_buffer(x, read=True, write=True) as buf:
+        with reduction_buffer(x, write=True) as buf:
             comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
         n = nbytes(x)
         record(comm, "Allreduce", n, n, 1)

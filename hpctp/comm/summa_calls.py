@@ -12,7 +12,7 @@ import contextlib
 from mpi4py import MPI
 
 from ..backend import Array
-from .buffers import mpi_buffer, nbytes
+from .buffers import nbytes, reduction_buffer
 from .collectives import Pending, _op
 from .counter import record
 
@@ -39,6 +39,7 @@ def reduce(comm: MPI.Intracomm, x: Array, root: int = 0, op: str = "sum") -> Arr
     x : array
         Contiguous block, same shape and dtype on every rank. On ``root`` it holds the
         root's contribution on entry and the result on return; elsewhere it is only read.
+        bfloat16 is reduced in float32 and rounded back.
     root : int
         Rank receiving the result.
     op : {"sum", "max", "min", "prod"}
@@ -56,10 +57,10 @@ def reduce(comm: MPI.Intracomm, x: Array, root: int = 0, op: str = "sum") -> Arr
     mpi_op = _op(op)
     if comm.Get_size() > 1:
         if comm.Get_rank() == root:
-            with mpi_buffer(x, read=True, write=True) as buf:
+            with reduction_buffer(x, write=True) as buf:
                 comm.Reduce(MPI.IN_PLACE, buf, op=mpi_op, root=root)
         else:
-            with mpi_buffer(x, read=True, write=False) as buf:
+            with reduction_buffer(x, write=False) as buf:
                 comm.Reduce(buf, None, op=mpi_op, root=root)
         _record(comm, "Reduce", x, root)
     return x
@@ -89,7 +90,7 @@ def ireduce(comm: MPI.Intracomm, x: Array, root: int = 0, op: str = "sum") -> Pe
     mpi_op = _op(op)
     stack = contextlib.ExitStack()
     is_root = comm.Get_rank() == root
-    buf = stack.enter_context(mpi_buffer(x, read=True, write=is_root))
+    buf = stack.enter_context(reduction_buffer(x, write=is_root))
     if is_root:
         req = comm.Ireduce(MPI.IN_PLACE, buf, op=mpi_op, root=root)
     else:
