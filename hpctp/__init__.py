@@ -8,8 +8,8 @@ from . import comm, halo, io, layout, linalg, perf, random
 from .comm import CommCounter, ProcessGrid
 from .factories import distribute, empty, from_local, full, ones, zeros
 from .halo import HaloExchange
-from .linalg import matmul
 from .layout import Layout, block_range
+from .linalg import matmul
 from .tensor import DistTensor
 
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ through every operation; conversions happen only when asked for.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -72,9 +72,7 @@ def backend_name(x: object) -> str:
         return "torch"
     if is_cupy(x):
         return "cupy"
-    raise TypeError(
-        f"local blocks must be numpy.ndarray, torch.Tensor or cupy.ndarray, got {type(x).__name__}"
-    )
+    raise TypeError(f"local blocks must be numpy.ndarray, torch.Tensor or cupy.ndarray, got {type(x).__name__}")
 
 
 def check_array(x: object, what: str = "array") -> Array:
@@ -93,7 +91,7 @@ def numpy_dtype(dtype: object) -> np.dtype:
         if dtype == torch.bfloat16:
             return np.dtype("V2")
         return torch.empty((), dtype=dtype).numpy().dtype
-    return np.dtype(dtype)  # type: ignore[arg-type]
+    return np.dtype(cast(Any, dtype))
 
 
 def resolve_dtype(dtype: object, backend: str) -> Any:
@@ -103,10 +101,10 @@ def resolve_dtype(dtype: object, backend: str) -> Any:
 
         if isinstance(dtype, torch.dtype):
             return dtype
-        npd = np.dtype(dtype)  # type: ignore[arg-type]
+        npd = np.dtype(cast(Any, dtype))
         return torch.from_numpy(np.empty(0, dtype=npd)).dtype
     if backend == "cupy":
-        return np.dtype(dtype) if not is_torch_dtype(dtype) else numpy_dtype(dtype)
+        return np.dtype(cast(Any, dtype)) if not is_torch_dtype(dtype) else numpy_dtype(dtype)
     return numpy_dtype(dtype)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,7 +29,7 @@ def dtype_name(dtype: object) -> str:
         name = {"bool": "bool", "cfloat": "complex64", "cdouble": "complex128"}.get(name, name)
     else:
         try:
-            name = np.dtype(dtype).name  # type: ignore[arg-type]
+            name = np.dtype(cast(Any, dtype)).name
         except TypeError:
             raise TypeError(f"unsupported dtype {dtype!r}") from None
     if name not in DTYPE_NAMES:

@@ -77,9 +77,7 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
     return DistTensor(local, grid, layout)
 
 
-def from_local(
-    block: Array, grid: ProcessGrid, split: object, global_shape: Sequence[int] | None = None
-) -> DistTensor:
+def from_local(block: Array, grid: ProcessGrid, split: object, global_shape: Sequence[int] | None = None) -> DistTensor:
     """Collective over grid. Wrap the blocks a simulation code already holds, without copying.
 
     Block sizes along a split dim may be uneven (any sizes, e.g. a simulation's own
@@ -137,8 +135,8 @@ def _infer_layout(
         raise ValueError("from_local: blocks have different dtypes on different ranks; cast them to one dtype")
     sp = normalize_split(split, ndim, len(grid_dims))
     shapes = {r: tuple(int(s) for s in table[r, 2 : 2 + ndim]) for r in range(table.shape[0])}
-    cuts = []
-    shape = []
+    cuts: list[tuple[int, ...] | None] = []
+    shape: list[int] = []
     for d in range(ndim):
         g = sp[d]
         if g is None:
@@ -162,12 +160,12 @@ def _infer_layout(
                     f"at coordinate {c} of that axis have different sizes {sorted(sizes)} in dim {d}"
                 )
         sizes_d = [next(iter(s)) for s in per_coord]
-        cuts.append(tuple(itertools.accumulate(sizes_d, initial=0)))
-        shape.append(cuts[-1][-1])
+        dim_cuts = tuple(itertools.accumulate(sizes_d, initial=0))
+        cuts.append(dim_cuts)
+        shape.append(dim_cuts[-1])
     if global_shape is not None and tuple(int(n) for n in global_shape) != tuple(shape):
         raise ValueError(
-            f"from_local: blocks tile a global shape {tuple(shape)} but global_shape="
-            f"{tuple(global_shape)} was given"
+            f"from_local: blocks tile a global shape {tuple(shape)} but global_shape={tuple(global_shape)} was given"
         )
     return Layout(tuple(shape), grid_dims, sp, tuple(cuts))
 

@@ -6,7 +6,7 @@ import math
 import numbers
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -110,6 +110,10 @@ class DistTensor:
         return DistTensor(local, self.grid, self.layout if layout is None else layout)
 
     # ------------------------------------------------------------------ communication
+    @overload
+    def gather(self, root: None) -> Array: ...
+    @overload
+    def gather(self, root: int = 0) -> Array | None: ...
     def gather(self, root: int | None = 0) -> Array | None:
         """Collective over grid. The global tensor, assembled on ``root`` (on every rank if None).
 
@@ -198,7 +202,7 @@ class DistTensor:
         x = self.local
         sq = (x.abs() ** 2) if backend_name(x) == "torch" else abs(x) ** 2
         total = self._new(sq).sum()
-        root = total.local ** 0.5
+        root = total.local**0.5
         return total._new(root)
 
     def _check_nonempty(self, axis: int | Sequence[int] | None, what: str) -> None:

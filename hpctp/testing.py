@@ -57,7 +57,9 @@ def as_numpy(x: Any) -> np.ndarray:
     return np.asarray(to_numpy(x))
 
 
-def assert_allclose(comm: Any, actual: Any, desired: Any, rtol: float = 1e-12, atol: float = 0.0, what: str = "") -> None:
+def assert_allclose(
+    comm: Any, actual: Any, desired: Any, rtol: float = 1e-12, atol: float = 0.0, what: str = ""
+) -> None:
     """Collective over ``comm``. ``numpy.testing.assert_allclose`` agreed on by every rank.
 
     ``actual``/``desired`` may be numpy, torch or cupy arrays or scalars (compared on the host).

@@ -25,8 +25,6 @@ from hpctp.testing import CollectiveAssertionError, grid_shapes  # noqa: E402
 WORLD = MPI.COMM_WORLD
 
 
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     size = WORLD.Get_size()
     for name, ndim in (("grid1d", 1), ("grid2d", 2), ("grid3d", 3)):

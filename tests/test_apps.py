@@ -30,7 +30,12 @@ def _numpy_grayscott(state: np.ndarray, m: GrayScott, steps: int) -> np.ndarray:
         u, v = x[0], x[1]
         lap = np.roll(x, 1, 1) + np.roll(x, -1, 1) + np.roll(x, 1, 2) + np.roll(x, -1, 2) - 4 * x
         uvv = u * v * v
-        x = np.stack([u + m.dt * (m.du * lap[0] - uvv + m.feed * (1 - u)), v + m.dt * (m.dv * lap[1] + uvv - (m.feed + m.kill) * v)])
+        x = np.stack(
+            [
+                u + m.dt * (m.du * lap[0] - uvv + m.feed * (1 - u)),
+                v + m.dt * (m.dv * lap[1] + uvv - (m.feed + m.kill) * v),
+            ]
+        )
     return x
 
 
@@ -47,7 +52,9 @@ def test_simulation_matches_single_process_numpy(grid2d: hpctp.ProcessGrid) -> N
 
 
 @pytest.mark.mpi
-def test_training_matches_single_process_torch(grid2d: hpctp.ProcessGrid, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_training_matches_single_process_torch(
+    grid2d: hpctp.ProcessGrid, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     cfg = load_config(TINY, ["simulation.size=[12, 10]"])
     cfg["simulation"]["grid"] = list(grid2d.dims)
     tmp = np.zeros(256, dtype=np.uint8)  # one directory for all ranks, chosen by rank 0

@@ -14,7 +14,10 @@ from hpctp.testing import assert_all, assert_equal
 @pytest.mark.mpi
 def test_allreduce_bcast_torch_and_numpy(world: MPI.Intracomm) -> None:
     size, rank = world.Get_size(), world.Get_rank()
-    for make in (lambda shape, v: np.full(shape, float(v)), lambda shape, v: torch.full(shape, float(v), dtype=torch.float64)):
+    for make in (
+        lambda shape, v: np.full(shape, float(v)),
+        lambda shape, v: torch.full(shape, float(v), dtype=torch.float64),
+    ):
         x = make((3, 2), rank + 1)
         C.allreduce(world, x, "sum")
         assert_equal(world, np.asarray(x), np.full((3, 2), size * (size + 1) / 2))

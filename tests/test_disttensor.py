@@ -70,7 +70,13 @@ def test_distribute_gather_roundtrip_3d(grid3d: hpctp.ProcessGrid) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "int64", "complex128", "bool", "uint8"])
 def test_roundtrip_dtypes_numpy(grid2d: hpctp.ProcessGrid, dtype: str) -> None:
     a = _global((6, 5), "float64")
-    a = (a + 1j * a).astype(dtype) if dtype.startswith("complex") else (a > 2).astype(dtype) if dtype == "bool" else a.astype(dtype)
+    a = (
+        (a + 1j * a).astype(dtype)
+        if dtype.startswith("complex")
+        else (a > 2).astype(dtype)
+        if dtype == "bool"
+        else a.astype(dtype)
+    )
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (1, 0))
     assert_equal(grid2d, str(x.dtype), dtype)
     assert_equal(grid2d, x.gather(None), a)
@@ -106,7 +112,9 @@ def test_redistribute_3d(grid3d: hpctp.ProcessGrid) -> None:
     splits = [(0, 1, 2), (2, 1, 0), (None, 0, None), (1, None, 2), (None, None, None)]
     for src, dst in itertools.product(splits, splits):
         x = hpctp.distribute(a if grid3d.rank == 0 else None, grid3d, src)
-        assert_equal(grid3d, x.redistribute(dst).local, a[Layout(a.shape, grid3d.dims, dst).local_slices(grid3d.coords)])
+        assert_equal(
+            grid3d, x.redistribute(dst).local, a[Layout(a.shape, grid3d.dims, dst).local_slices(grid3d.coords)]
+        )
 
 
 @pytest.mark.mpi

@@ -22,7 +22,11 @@ def test_grid_basics(grid2d: hpctp.ProcessGrid, world: MPI.Intracomm) -> None:
         sub = g.sub(axis)
         assert_equal(world, (sub.Get_size(), sub.Get_rank()), (g.dims[axis], g.coords[axis]))
         src, dst = g.shift(axis, 1)
-        expect_dst = g.rank_of(tuple(c + (a == axis) for a, c in enumerate(g.coords))) if g.coords[axis] + 1 < g.dims[axis] else MPI.PROC_NULL
+        expect_dst = (
+            g.rank_of(tuple(c + (a == axis) for a, c in enumerate(g.coords)))
+            if g.coords[axis] + 1 < g.dims[axis]
+            else MPI.PROC_NULL
+        )
         assert_equal(world, dst, expect_dst)
         if g.coords[axis] == 0:
             assert_equal(world, src, MPI.PROC_NULL)

@@ -10,7 +10,9 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Collective over COMM_WORLD. Train, evaluate or run the surrogate."""
-    p = argparse.ArgumentParser(prog="python -m apps.surrogate", description="Distributed surrogate of the Gray-Scott fields")
+    p = argparse.ArgumentParser(
+        prog="python -m apps.surrogate", description="Distributed surrogate of the Gray-Scott fields"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("train", "evaluate", "predict"):
         s = sub.add_parser(name)
@@ -58,11 +60,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         result = evaluate(cfg, data, checkpoint, grid, log, plot=args.plot or str(Path(checkpoint).parent / "eval.png"))
         if grid.rank == 0:
-            print(f"relative L2 error: {result['surrogate']:.4f} (persistence baseline {result['persistence']:.4f})", flush=True)
+            print(
+                f"relative L2 error: {result['surrogate']:.4f} (persistence baseline {result['persistence']:.4f})",
+                flush=True,
+            )
         return 0
     from .predict import predict
 
-    predict(cfg, data, checkpoint, args.start, args.steps, args.out or str(Path(checkpoint).parent / "predictions.h5"), grid, log)
+    predict(
+        cfg,
+        data,
+        checkpoint,
+        args.start,
+        args.steps,
+        args.out or str(Path(checkpoint).parent / "predictions.h5"),
+        grid,
+        log,
+    )
     return 0
 
 

@@ -44,4 +44,6 @@ def open_pairs(path: str, grid: hpctp.ProcessGrid, cfg: dict[str, Any], which: s
     with FieldDataset(path, FIELDS, grid, SPLIT, targets=None) as probe:
         n = len(probe)
     train, held = split_indices(n, horizon, float(cfg["train"]["holdout"]))
-    return FieldDataset(path, FIELDS, grid, SPLIT, samples=train if which == "train" else held, targets=horizon, like="torch")
+    return FieldDataset(
+        path, FIELDS, grid, SPLIT, samples=train if which == "train" else held, targets=horizon, like="torch"
+    )

@@ -27,7 +27,9 @@ def load_model(cfg: dict[str, Any], checkpoint: str, channels: int, grid: hpctp.
     return model
 
 
-def evaluate(cfg: dict[str, Any], data: str, checkpoint: str, grid: hpctp.ProcessGrid, log: Any, plot: str | None = None) -> dict[str, float]:
+def evaluate(
+    cfg: dict[str, Any], data: str, checkpoint: str, grid: hpctp.ProcessGrid, log: Any, plot: str | None = None
+) -> dict[str, float]:
     """Collective over grid. Mean per-sample relative L2 error on the held-out pairs.
 
     Returns
@@ -53,7 +55,11 @@ def evaluate(cfg: dict[str, Any], data: str, checkpoint: str, grid: hpctp.Proces
             if i == len(pairs) - 1:
                 shown = (x, y, pred)
     pairs.close()
-    result = {"surrogate": float(np.mean(err_model)), "persistence": float(np.mean(err_persist)), "pairs": float(len(err_model))}
+    result = {
+        "surrogate": float(np.mean(err_model)),
+        "persistence": float(np.mean(err_persist)),
+        "pairs": float(len(err_model)),
+    }
     log.info(
         "held-out relative L2 error: surrogate %.4f, persistence baseline %.4f (%d pairs)",
         result["surrogate"], result["persistence"], len(err_model),
@@ -64,7 +70,9 @@ def evaluate(cfg: dict[str, Any], data: str, checkpoint: str, grid: hpctp.Proces
     return result
 
 
-def write_plot(path: str, x: hpctp.DistTensor, y: hpctp.DistTensor, pred: hpctp.DistTensor, grid: hpctp.ProcessGrid) -> None:
+def write_plot(
+    path: str, x: hpctp.DistTensor, y: hpctp.DistTensor, pred: hpctp.DistTensor, grid: hpctp.ProcessGrid
+) -> None:
     """Collective over grid. Rank 0 writes a PNG of channel v: truth, prediction, error."""
     truth = y.gather(root=0)
     guess = pred.gather(root=0)

@@ -42,7 +42,9 @@ class Surrogate:
 
     def __init__(self, grid: hpctp.ProcessGrid, checkpoint: str) -> None:
         cfg_path = Path(checkpoint).parent / "config.json"
-        error = None if cfg_path.is_file() else FileNotFoundError(f"{cfg_path} not found (written by apps.surrogate train)")
+        error = (
+            None if cfg_path.is_file() else FileNotFoundError(f"{cfg_path} not found (written by apps.surrogate train)")
+        )
         hpctp.comm.raise_if_any(grid.comm, error)
         self.cfg: dict[str, Any] = json.loads(cfg_path.read_text())
         self.grid = grid
@@ -78,4 +80,3 @@ def factory(grid: hpctp.ProcessGrid, checkpoint: str | None) -> Surrogate:
     if not checkpoint:
         raise ValueError("the surrogate needs a checkpoint path (out/run/checkpoint.h5)")
     return Surrogate(grid, checkpoint)
-

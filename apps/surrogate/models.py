@@ -25,12 +25,16 @@ from .blocks import cat_channels, pointwise
 __all__ = ["ResidualCNN", "UNet", "build_model"]
 
 
-def _conv(cin: int, cout: int, k: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+def _conv(
+    cin: int, cout: int, k: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
+) -> torch.nn.Module:
     if grid is None:  # one process: torch's layer after manual_seed(seed) == hpctp's Conv2d(seed=seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return torch.nn.Conv2d(cin, cout, k, padding=k // 2, padding_mode="circular", dtype=dtype)
-    return Conv2d(cin, cout, k, padding=k // 2, padding_mode="circular", grid=grid, split=(0, 1), seed=seed, dtype=dtype)
+    return Conv2d(
+        cin, cout, k, padding=k // 2, padding_mode="circular", grid=grid, split=(0, 1), seed=seed, dtype=dtype
+    )
 
 
 def _zero(conv: torch.nn.Module) -> torch.nn.Module:
@@ -45,7 +49,9 @@ def _zero(conv: torch.nn.Module) -> torch.nn.Module:
 class ResidualCNN(torch.nn.Module):
     """Collective over grid. ``depth`` 3x3 conv + GELU layers of ``width`` channels, then a 1x1 conv."""
 
-    def __init__(self, channels: int, width: int, depth: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype):
+    def __init__(
+        self, channels: int, width: int, depth: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
+    ):
         super().__init__()
         layers = [_conv(channels, width, 3, grid, seed, dtype)]
         layers += [_conv(width, width, 3, grid, seed + i + 1, dtype) for i in range(depth - 1)]
@@ -65,14 +71,18 @@ class UNet(torch.nn.Module):
     """Collective over grid. A U-Net: per level two 3x3 convs, 2x2 max-pool down, nearest upsample
     and skip concatenation up, a 1x1 head; ``levels`` poolings."""
 
-    def __init__(self, channels: int, width: int, levels: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype):
+    def __init__(
+        self, channels: int, width: int, levels: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
+    ):
         super().__init__()
         s = iter(range(seed, seed + 1000))
         widths = [width * 2**i for i in range(levels + 1)]
         self.down = torch.nn.ModuleList()
         cin = channels
         for w in widths:
-            self.down.append(torch.nn.ModuleList([_conv(cin, w, 3, grid, next(s), dtype), _conv(w, w, 3, grid, next(s), dtype)]))
+            self.down.append(
+                torch.nn.ModuleList([_conv(cin, w, 3, grid, next(s), dtype), _conv(w, w, 3, grid, next(s), dtype)])
+            )
             cin = w
         if grid is None:
             self.pool: torch.nn.Module = torch.nn.MaxPool2d(2)
@@ -82,7 +92,11 @@ class UNet(torch.nn.Module):
             self.up = Upsample(scale_factor=2, mode="nearest", grid=grid, split=(0, 1), balanced=True)
         self.merge = torch.nn.ModuleList()
         for w_hi, w_lo in zip(widths[-2::-1], widths[:0:-1]):
-            self.merge.append(torch.nn.ModuleList([_conv(w_lo + w_hi, w_hi, 3, grid, next(s), dtype), _conv(w_hi, w_hi, 3, grid, next(s), dtype)]))
+            self.merge.append(
+                torch.nn.ModuleList(
+                    [_conv(w_lo + w_hi, w_hi, 3, grid, next(s), dtype), _conv(w_hi, w_hi, 3, grid, next(s), dtype)]
+                )
+            )
         self.head = _zero(_conv(width, channels, 1, grid, next(s), dtype))
         self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
 

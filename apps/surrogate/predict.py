@@ -15,7 +15,9 @@ from .evaluate import load_model
 __all__ = ["predict"]
 
 
-def predict(cfg: dict[str, Any], data: str, checkpoint: str, start: int, steps: int, out: str, grid: hpctp.ProcessGrid, log: Any) -> hpctp.DistTensor:
+def predict(
+    cfg: dict[str, Any], data: str, checkpoint: str, start: int, steps: int, out: str, grid: hpctp.ProcessGrid, log: Any
+) -> hpctp.DistTensor:
     """Collective over grid. Predict ``steps`` states (each ``horizon`` snapshots apart) from snapshot ``start``.
 
     Returns
@@ -26,7 +28,9 @@ def predict(cfg: dict[str, Any], data: str, checkpoint: str, start: int, steps: 
     x0 = load_hdf5(data, FIELDS, grid, SPLIT, index=start)  # [C, H, W], this rank's hyperslab only
     model = load_model(cfg, checkpoint, x0.global_shape[0], grid)
     dtype = next(model.parameters()).dtype
-    state = hpctp.DistTensor(torch.as_tensor(x0.local).to(dtype)[None], grid, hpctp.Layout((1, *x0.global_shape), grid.dims, (None, *SPLIT)))
+    state = hpctp.DistTensor(
+        torch.as_tensor(x0.local).to(dtype)[None], grid, hpctp.Layout((1, *x0.global_shape), grid.dims, (None, *SPLIT))
+    )
     frames = []
     with torch.no_grad():
         for _ in range(steps):

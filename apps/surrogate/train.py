@@ -51,7 +51,11 @@ def _as(x: hpctp.DistTensor, dtype: torch.dtype) -> hpctp.DistTensor:
 
 
 def train_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, x: hpctp.DistTensor, y: hpctp.DistTensor, grid: hpctp.ProcessGrid
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    x: hpctp.DistTensor,
+    y: hpctp.DistTensor,
+    grid: hpctp.ProcessGrid,
 ) -> float:
     """Collective over grid. One optimizer step on the global batch; returns the global loss."""
     dtype = next(model.parameters()).dtype
@@ -64,7 +68,9 @@ def train_step(
     return float(loss.detach())
 
 
-def train(cfg: dict[str, Any], data: str, out: str, grid: hpctp.ProcessGrid, log: Any, resume: bool = False) -> list[float]:
+def train(
+    cfg: dict[str, Any], data: str, out: str, grid: hpctp.ProcessGrid, log: Any, resume: bool = False
+) -> list[float]:
     """Collective over grid. Train on the snapshot file ``data``; write checkpoints and history to ``out``.
 
     Returns
@@ -105,7 +111,14 @@ def train(cfg: dict[str, Any], data: str, out: str, grid: hpctp.ProcessGrid, log
             losses.append(train_step(model, opt, x, y, grid))
             step += 1
         history += losses
-        log.info("epoch %d/%d  loss %.4e  (%d steps, %.1f s)", epoch + 1, epochs, sum(losses) / max(len(losses), 1), step, time.perf_counter() - t0)
+        log.info(
+            "epoch %d/%d  loss %.4e  (%d steps, %.1f s)",
+            epoch + 1,
+            epochs,
+            sum(losses) / max(len(losses), 1),
+            step,
+            time.perf_counter() - t0,
+        )
         if (epoch + 1) % int(tcfg["checkpoint_every"]) == 0 or epoch + 1 == epochs:
             save_checkpoint(ckpt, model, opt, step, grid)
             log.info("checkpoint %s (step %d)", ckpt, step)

@@ -200,9 +200,7 @@ def _size(x: Array) -> int:
     return int(np.prod(tuple(x.shape)))
 
 
-def gatherv(
-    comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array | None, counts: Sequence[int], root: int = 0
-) -> None:
+def gatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array | None, counts: Sequence[int], root: int = 0) -> None:
     """Collective over ``comm``. Gather flat ``sendbuf`` pieces of ``counts[r]`` elements at ``root``."""
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]
@@ -234,9 +232,7 @@ def allgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Sequ
         record(comm, "Allgatherv", c[rank] * item * (size - 1), recv * item, size - 1 if c[rank] else 0)
 
 
-def scatterv(
-    comm: MPI.Intracomm, sendbuf: Array | None, counts: Sequence[int], recvbuf: Array, root: int = 0
-) -> None:
+def scatterv(comm: MPI.Intracomm, sendbuf: Array | None, counts: Sequence[int], recvbuf: Array, root: int = 0) -> None:
     """Collective over ``comm``. ``root`` sends ``counts[r]`` consecutive elements of ``sendbuf`` to rank ``r``."""
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]

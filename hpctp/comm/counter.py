@@ -30,7 +30,8 @@ class CommCounter:
     ``b * (size - 1)`` to the root's ``bytes_sent``; an all-reduce adds ``b`` both ways on
     every rank of a communicator of size > 1. Data a rank keeps (self-copies) is not
     counted. ``messages`` counts point-to-point messages to other ranks (collectives count
-    one per rank they send to).
+    one per rank they send to). A bfloat16 reduction counts bfloat16 bytes, the logical
+    payload, though MPI reduces a float32 copy of it.
 
     Examples
     --------

@@ -12,7 +12,6 @@ from ..layout import grid_coords
 __all__ = ["ProcessGrid", "check_grid"]
 
 
-
 def _normalize_dims(dims: int | Sequence[int], size: int) -> tuple[int, ...]:
     if isinstance(dims, bool):
         raise TypeError(f"dims must be an int or a sequence of ints, got {dims!r}")
@@ -39,8 +38,7 @@ def _normalize_dims(dims: int | Sequence[int], size: int) -> tuple[int, ...]:
         return tuple(raw)
     if size % fixed:
         raise ValueError(
-            f"grid dims {tuple(raw)}: the fixed sizes (product {fixed}) do not divide the "
-            f"communicator size {size}"
+            f"grid dims {tuple(raw)}: the fixed sizes (product {fixed}) do not divide the communicator size {size}"
         )
     return tuple(MPI.Compute_dims(size, raw))
 

@@ -32,7 +32,6 @@ from .hdf5 import check_stored_dtype, layout_for, read_block
 __all__ = ["FieldDataset", "chunk_cache_bytes"]
 
 
-
 def chunk_cache_bytes(ds: h5py.Dataset, selection: Sequence[slice]) -> int:
     """Local. Bytes of the chunks that one sample's hyperslab ``selection`` (of dims 1..) touches.
 

@@ -113,11 +113,8 @@ def check_cuts(cuts: Sequence[int], n: int, parts: int, what: str = "cuts") -> t
         If ``cuts`` does not have ``parts + 1`` non-decreasing entries from 0 to ``n``.
     """
     out = tuple(_check_int(what, c, 0) for c in cuts)
-    if len(out) != parts + 1 or out[0] != 0 or out[-1] != n or any(
-        b < a for a, b in zip(out[:-1], out[1:])
-    ):
+    if len(out) != parts + 1 or out[0] != 0 or out[-1] != n or any(b < a for a, b in zip(out[:-1], out[1:])):
         raise ValueError(
-            f"{what}={out} must be {parts + 1} non-decreasing boundaries from 0 to {n} "
-            f"(one block per grid coordinate)"
+            f"{what}={out} must be {parts + 1} non-decreasing boundaries from 0 to {n} (one block per grid coordinate)"
         )
     return out

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, cast
 
 from .blocks import block_cuts, block_sizes, check_cuts
 
@@ -55,11 +56,9 @@ def normalize_split(split: object, ndim: int, grid_ndim: int) -> tuple[int | Non
             )
         split = (split,)
     try:
-        items = tuple(split)  # type: ignore[call-overload]
+        items = tuple(cast(Iterable[Any], split))
     except TypeError:
-        raise TypeError(
-            f"split must be None, an int or a sequence of int/None, got {type(split).__name__}"
-        ) from None
+        raise TypeError(f"split must be None, an int or a sequence of int/None, got {type(split).__name__}") from None
     if len(items) != ndim:
         raise ValueError(
             f"split={items} has {len(items)} entries but the tensor has {ndim} dims; "
@@ -182,9 +181,7 @@ class Layout:
     # ------------------------------------------------------------------ per coordinate
     def _check_coords(self, coords: Sequence[int]) -> tuple[int, ...]:
         coords = tuple(int(c) for c in coords)
-        if len(coords) != len(self.grid_dims) or any(
-            not 0 <= c < g for c, g in zip(coords, self.grid_dims)
-        ):
+        if len(coords) != len(self.grid_dims) or any(not 0 <= c < g for c, g in zip(coords, self.grid_dims)):
             raise ValueError(f"coords={coords} is not a position on a grid of dims {self.grid_dims}")
         return coords
 

@@ -115,9 +115,7 @@ def redistribution_plan(src: Layout, dst: Layout, rank: int) -> RedistributionPl
         If the layouts describe different tensors or grids.
     """
     if src.global_shape != dst.global_shape or src.grid_dims != dst.grid_dims:
-        raise ValueError(
-            f"cannot redistribute between {src} and {dst}: global shape and grid must match"
-        )
+        raise ValueError(f"cannot redistribute between {src} and {dst}: global shape and grid must match")
     me = grid_coords(rank, src.grid_dims)
     my_src = src.local_ranges(me)
     my_dst = dst.local_ranges(me)
@@ -136,7 +134,7 @@ def redistribution_plan(src: Layout, dst: Layout, rank: int) -> RedistributionPl
         them = grid_coords(r, src.grid_dims)
         if any(them[g] != me[g] for g in rep):
             continue  # a replica with the receiver's own coordinates serves it
-        box = intersect(my_src, dst.local_ranges(them))
-        if box is not None:
-            sends.append(Piece(r, box, _relative(box, my_src)))
+        common = intersect(my_src, dst.local_ranges(them))
+        if common is not None:
+            sends.append(Piece(r, common, _relative(common, my_src)))
     return RedistributionPlan(src, dst, rank, tuple(sends), tuple(recvs), tuple(local))

@@ -53,7 +53,6 @@ __all__ = [
 Comms = tuple[MPI.Intracomm, ...]
 
 
-
 def normalize_axes(grid: ProcessGrid, axes: Sequence[int] | None) -> tuple[int, ...]:
     """Local. Validate grid ``axes`` (None: every axis) and return them sorted.
 

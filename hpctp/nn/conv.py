@@ -44,7 +44,6 @@ def init_replicated(module: torch.nn.Module, init: Callable[[], None], grid: Pro
             C.bcast(grid.comm, p.data, 0)
 
 
-
 class _Spatial:
     """Attributes shared by the partitioned layers."""
 

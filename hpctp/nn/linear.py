@@ -244,6 +244,9 @@ class ColumnParallelLinear(torch.nn.Module):
         On non-positive feature counts or a bad ``axis``.
     """
 
+    weight: torch.nn.Parameter
+    bias: torch.nn.Parameter | None
+
     def __init__(
         self, in_features: int, out_features: int, grid: ProcessGrid, *, axis: int = 0, bias: bool = True,
         gather_output: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
@@ -319,6 +322,9 @@ class RowParallelLinear(torch.nn.Module):
     ValueError
         On non-positive feature counts or a bad ``axis``.
     """
+
+    weight: torch.nn.Parameter
+    bias: torch.nn.Parameter | None
 
     def __init__(
         self, in_features: int, out_features: int, grid: ProcessGrid, *, axis: int = 0, bias: bool = True,
@@ -435,6 +441,9 @@ class Linear2D(torch.nn.Module):
     ValueError
         If the grid is not 2-D, feature counts are not positive or ``panel < 1``.
     """
+
+    weight: torch.nn.Parameter
+    bias: torch.nn.Parameter | None
 
     def __init__(
         self, in_features: int, out_features: int, grid: ProcessGrid, *, bias: bool = True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -47,13 +48,14 @@ def _identity(op: str, dtype: object) -> object:
     if is_torch_dtype(dtype):
         import torch
 
-        if dtype == torch.bool:
+        tdt = cast(torch.dtype, dtype)
+        if tdt == torch.bool:
             return op == "min"
-        if dtype.is_floating_point:  # type: ignore[union-attr]
+        if tdt.is_floating_point:
             return -math.inf if op == "max" else math.inf
-        info = torch.iinfo(dtype)  # type: ignore[arg-type]
-        return info.min if op == "max" else info.max
-    dt = np.dtype(dtype)  # type: ignore[arg-type]
+        tinfo = torch.iinfo(tdt)
+        return tinfo.min if op == "max" else tinfo.max
+    dt = np.dtype(cast(Any, dtype))
     if dt == np.bool_:
         return op == "min"
     if dt.kind == "f":
@@ -73,7 +75,7 @@ def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
 
         if empty:
             dtype = x.dtype if op != "sum" or x.dtype.is_floating_point or x.dtype.is_complex else torch.int64
-            return torch.full(out_shape, _identity(op, x.dtype), dtype=dtype, device=x.device)
+            return torch.full(out_shape, cast(Any, _identity(op, x.dtype)), dtype=dtype, device=x.device)
         if not axes:
             return x.clone()
         if op == "sum":
