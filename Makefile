@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 
 MPIEXEC_ENV := MPIR_CVAR_ENABLE_HEAVY_YIELD=1
 
-.PHONY: install demo core-demo capi test test-main test-mpio clean
+.PHONY: install demo core-demo capi test test-main test-mpio lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ test-main: install
 # builds .venv-mpio once (mpi4py + h5py against the system's parallel HDF5; apt-get as root)
 test-mpio:
 	bash tests/run_mpio.sh
+
+# style and types (not part of `make test`): ruff lint + format check over the tree, mypy on the library
+lint: install
+	$(PY) -m pip install -q -c constraints.txt -e ".[lint]"
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy hpctp
 
 capi: install
 	cmake -S . -B build/capi -DPython3_EXECUTABLE=$(abspath $(PY)) && cmake --build build/capi -j
