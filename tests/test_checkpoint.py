@@ -128,6 +128,9 @@ def test_load_validation_leaves_model_untouched(grid2d: hpctp.ProcessGrid, share
     opt2 = torch.optim.Adam([{"params": [net2.w]}, {"params": [net2.b, net2.lin.weight, net2.lin.bias]}])
     with pytest.raises(ValueError, match="optimizer param groups differ"):
         hpctp.io.load_checkpoint(path, net2, opt2, grid2d)
+    sgd = torch.optim.SGD(net2.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match=r"saved from torch\.optim\.adam\.Adam, but the optimizer is .*SGD"):
+        hpctp.io.load_checkpoint(path, net2, sgd, grid2d)
     with pytest.raises(FileNotFoundError, match="nothing.h5"):
         hpctp.io.load_checkpoint(shared_dir / "nothing.h5", net2, None, grid2d)
     x = hpctp.zeros((3,), grid2d, None)
@@ -157,6 +160,12 @@ def test_save_validation_and_failed_save_keeps_old(
             odd.extra = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
         with pytest.raises(ValueError, match="differs between ranks"):
             hpctp.io.save_checkpoint(path, odd, None, 2, grid2d)
+        tiled = Net(grid2d, seed=0)  # same names, shapes and dtypes, but each rank's own tiling
+        mine = Layout((4, 4), grid2d.dims, (0, 1) if grid2d.rank != 1 else (1, 0))
+        tiled.w = torch.nn.Parameter(torch.zeros(mine.local_shape(grid2d.coords), dtype=torch.float64))
+        tiled.w.hpctp_layout = mine  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="differs between ranks.*layouts"):
+            hpctp.io.save_checkpoint(path, tiled, None, 2, grid2d)
     original = h5py.Dataset.write_direct
 
     def failing_write(self, *args, **kwargs):  # type: ignore[no-untyped-def]

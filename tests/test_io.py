@@ -220,6 +220,57 @@ def test_modes_keep_replace_and_refuse(grid1d: hpctp.ProcessGrid, shared_dir: Pa
 
 # ---------------------------------------------------------------------------- bad inputs
 @pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS)
+def test_big_endian_file_loads_as_native(grid2d: hpctp.ProcessGrid, shared_dir: Path, method: str) -> None:
+    """A dataset stored big-endian (a Fortran code, h5py with '>f4') loads as the native dtype:
+    as torch (which refuses foreign byte order), with dtype= the native name, and as numpy."""
+    a = field((5, 7), "float32")
+    path = shared_dir / "be.h5"
+
+    def write() -> None:
+        with h5py.File(path, "w") as f:
+            f.create_dataset("u", data=a.astype(">f4"))
+            f.create_dataset("s", data=np.stack([a, -a]).astype(">f4"))
+
+    on_root(grid2d, write)
+    x = hpctp.io.load_hdf5(path, "u", grid2d, (0, 1), like="torch", method=method)
+    assert_all(grid2d, x.local.dtype == torch.float32, f"torch block dtype {x.local.dtype}")
+    assert_equal(grid2d, x.gather(root=None).numpy(), a)
+    y = hpctp.io.load_hdf5(path, "u", grid2d, (1, 0), dtype="float32", method=method)
+    assert_all(grid2d, y.local.dtype == np.dtype("float32") and y.local.dtype.isnative, f"{y.local.dtype}")
+    assert_equal(grid2d, y.gather(root=None), a)
+    with hpctp.io.FieldDataset(path, "s", grid2d, (0, 1), like="torch") as ds:
+        got, _ = ds[1]
+        assert_equal(grid2d, got.gather(root=None).numpy(), -a)
+
+
+@pytest.mark.mpi
+def test_save_keeps_permissions_and_symlinks(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+    """Re-saving a private file keeps it private; saving through a symbolic link replaces the
+    file it points to and keeps the link; a file name of 250 bytes (temp name over 255) works."""
+    a = field((4, 6))
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    path, target, link = shared_dir / "private.h5", shared_dir / "target.h5", shared_dir / "latest.h5"
+    hpctp.io.save_hdf5(x, path, "u")
+    on_root(grid2d, lambda: os.chmod(path, 0o600))
+    hpctp.io.save_hdf5(x * 2, path, "v", mode="a")
+    hpctp.io.save_hdf5(x * 3, path, "u", mode="w")
+    mode = oct(os.stat(path).st_mode & 0o777)
+    assert_all(grid2d, mode == "0o600", f"mode after re-saving a 0o600 file: {mode}")
+    hpctp.io.save_hdf5(x, target, "u")
+    on_root(grid2d, lambda: os.symlink(target.name, link))
+    hpctp.io.save_hdf5(x * 5, link, "u")
+    assert_all(grid2d, os.path.islink(link), "the symbolic link was replaced by a file")
+    assert_equal(grid2d, hpctp.io.load_hdf5(target, "u", grid2d, (1, 0)).gather(root=None), a * 5)
+    long = shared_dir / ("n" * 247 + ".h5")
+    hpctp.io.save_hdf5(x, long, "u")
+    hpctp.io.save_hdf5(x * 7, long, "u")
+    assert_equal(grid2d, hpctp.io.load_hdf5(long, "u", grid2d, (0, 1)).gather(root=None), a * 7)
+    left = sorted(p.name for p in shared_dir.iterdir() if p.name.startswith("."))
+    assert_all(grid2d, left == [], f"temporary files left: {left}")
+
+
+@pytest.mark.mpi
 def test_load_errors_are_clear_on_every_rank(grid2d: hpctp.ProcessGrid, shared_dir: Path) -> None:
     a = field((6, 4), "float32")
     path = shared_dir / "ok.h5"
@@ -239,6 +290,14 @@ def test_load_errors_are_clear_on_every_rank(grid2d: hpctp.ProcessGrid, shared_d
         hpctp.io.load_hdf5(path, "u", grid2d, (0, 1), dtype="float64")
     with pytest.raises(ValueError, match="like="):
         hpctp.io.load_hdf5(path, "u", grid2d, (0, 1), like="jax")
+    on_root(grid2d, lambda: _add_null_dataset(path))
+    with pytest.raises(ValueError, match="'nothing' has a null dataspace"):
+        hpctp.io.load_hdf5(path, "nothing", grid2d, (0, 1))
+
+
+def _add_null_dataset(path: Path) -> None:
+    with h5py.File(path, "a") as f:
+        f.create_dataset("nothing", data=h5py.Empty("f4"))
 
 
 @pytest.mark.mpi

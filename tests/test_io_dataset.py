@@ -95,6 +95,9 @@ def test_dataset_errors(grid1d: hpctp.ProcessGrid, sim_file: Path) -> None:
         hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), targets=0)
     with pytest.raises(ValueError, match=r"samples must lie in 0\.\.5"):
         hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), targets=1, samples=[0, 6])
+    for bad in ([1.7, 2.2], np.array([0.9]), [True, False]):  # never truncated to indices
+        with pytest.raises(TypeError, match="samples must be integer snapshot indices"):
+            hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), targets=1, samples=bad)
     with pytest.raises(ValueError, match="same leading size"):
         hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), targets="short")
     with pytest.raises(KeyError, match="no dataset 'w'"):

@@ -10,9 +10,11 @@ import glob
 import os
 import time
 import uuid
+import zlib
 from typing import Any
 
 import h5py
+import numpy as np
 
 __all__ = [
     "IOKeyError",
@@ -131,6 +133,8 @@ def get_dataset(f: h5py.File, name: str, path: str) -> h5py.Dataset:
     ------
     KeyError
         If ``name`` is missing or is not a dataset.
+    ValueError
+        If the dataset has a null dataspace (``h5py.Empty``: no shape, no data).
     """
     try:
         obj = f.get(name)
@@ -142,7 +146,18 @@ def get_dataset(f: h5py.File, name: str, path: str) -> h5py.Dataset:
         raise IOKeyError(f"{path} has no dataset {name!r}; datasets in the file: [{shown}]")
     if not isinstance(obj, h5py.Dataset):
         raise IOKeyError(f"{path}: {name!r} is a {type(obj).__name__}, not a dataset")
+    if obj.shape is None:
+        raise ValueError(f"{path}: {name!r} has a null dataspace (h5py.Empty): it holds no array to load")
     return obj
+
+
+def native_dtype(ds: h5py.Dataset) -> np.dtype:
+    """Local. The dataset's numpy dtype in native byte order (HDF5 converts on read).
+
+    Files written big-endian (e.g. by a Fortran code, or h5py with ``'>f4'``) load as the native
+    dtype, which torch requires and which compares equal to a requested ``dtype=``.
+    """
+    return ds.dtype.newbyteorder("=")
 
 
 def _dataset_names(f: h5py.File) -> list[str]:
@@ -177,7 +192,16 @@ def check_dataset_name(name: object) -> str:
 def temp_path(path: str) -> str:
     """Local. A fresh hidden name in ``path``'s directory (same file system, so rename is atomic)."""
     d, base = os.path.split(os.path.abspath(path))
-    return os.path.join(d, f".{base}.tmp-{uuid.uuid4().hex[:16]}")
+    return os.path.join(d, f".{_temp_stem(base)}.tmp-{uuid.uuid4().hex[:16]}")
+
+
+def _temp_stem(base: str) -> str:
+    """``base``, or for a name over 200 bytes its first 190 bytes and a checksum of the whole,
+    so the temp name of any legal file name fits NAME_MAX (255 bytes)."""
+    raw = base.encode()
+    if len(raw) <= 200:
+        return base
+    return f"{raw[:190].decode(errors='ignore')}~{zlib.crc32(raw):08x}"
 
 
 def remove_stale_temps(path: str, max_age_s: float = STALE_TEMP_S) -> list[str]:
@@ -190,7 +214,7 @@ def remove_stale_temps(path: str, max_age_s: float = STALE_TEMP_S) -> list[str]:
     d, base = os.path.split(os.path.abspath(path))
     now = time.time()
     removed = []
-    for name in glob.glob(os.path.join(glob.escape(d), f".{glob.escape(base)}.tmp-*")):
+    for name in glob.glob(os.path.join(glob.escape(d), f".{glob.escape(_temp_stem(base))}.tmp-*")):
         try:
             if now - os.path.getmtime(name) > max_age_s:
                 os.remove(name)

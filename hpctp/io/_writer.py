@@ -17,6 +17,7 @@ the previous file as it was.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 
 import h5py
@@ -48,7 +49,8 @@ def atomic_write(
     ----------
     grid : ProcessGrid
     path : str
-        Final file name.
+        Final file name. If it is a symbolic link, the link is kept and the file it points
+        to is replaced; an existing file's permissions carry over to the new one.
     mode : {"a", "w", "x"}
         ``"a"``: keep the objects of an existing file except ``replace``; ``"w"``: a new
         file replaces any old one; ``"x"``: fail if ``path`` exists.
@@ -67,11 +69,14 @@ def atomic_write(
     FileNotFoundError, FileExistsError, OSError, ValueError, KeyError
         On every rank, with the temporary file removed and ``path`` untouched.
     """
+    path = os.path.realpath(path)  # a symbolic link stays: the file it points to is replaced
     tmp = _prepare_on_root(grid, path, mode, prepare, replace)
     error = _write_mpio(grid, tmp, write) if method == "mpio" else _write_in_turns(grid, tmp, write)
     if C.all_true(grid.comm, error is None):
         if grid.rank == 0:
             try:
+                if os.path.exists(path):
+                    os.chmod(tmp, _mode_of(path))  # the new file keeps the old one's permissions
                 commit(tmp, path)
             except Exception as e:  # noqa: BLE001 - every failure must reach every rank
                 error = OSError(f"could not move the new file into place at {path}: {e}")
@@ -93,6 +98,10 @@ def _prepare_on_root(grid: ProcessGrid, path: str, mode: str, prepare: Writer, r
     return bcast_bytes(grid.comm, tmp.encode() if grid.rank == 0 else None).decode()
 
 
+def _mode_of(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
 def _create_temp(path: str, mode: str, prepare: Writer, replace: Sequence[str]) -> str:
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} must be one of {MODES} ('a': add to / update an existing file)")
@@ -106,6 +115,10 @@ def _create_temp(path: str, mode: str, prepare: Writer, replace: Sequence[str]) 
         raise FileExistsError(f"{path} exists and mode='x'; use mode='a' to update it or 'w' to replace it")
     remove_stale_temps(path)  # left by saves to this path that were killed
     tmp = temp_path(path)
+    # never more open than an existing file while the hidden temporary is written (HDF5's
+    # truncating open keeps the inode and its mode); the owner may write; exact mode at commit
+    perms = (_mode_of(path) if exists else 0o666) | 0o600
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, perms))
     try:
         if exists and mode == "a":
             with open_local(path, "r") as src, h5py.File(tmp, "w") as dst:

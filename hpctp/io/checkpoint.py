@@ -4,7 +4,8 @@ File layout (no pickle anywhere; hyperparameters are JSON text)::
 
     /                      attrs: format, version, step, grid_dims, nranks
     /model/<name>          every parameter and persistent buffer (state_dict names), global shape
-    /optimizer             attrs: param_groups (JSON: hyperparameters and parameter names)
+    /optimizer             attrs: param_groups (JSON: hyperparameters and parameter names),
+                           class (the optimizer's type, checked on load)
     /optimizer/state/<param>/<key>   tensor state (global shape); number state as attributes
 
 Every tensor dataset has attributes ``torch_dtype``, ``sharded`` and, when sharded, the
@@ -35,7 +36,7 @@ from ._ckpt_state import (
     param_names,
     storable,
 )
-from ._files import IOKeyError, resolve_method
+from ._files import IOKeyError, native_dtype, resolve_method
 from ._writer import atomic_write
 from .hdf5 import create_dataset, open_for_read, read_block
 
@@ -119,7 +120,7 @@ def save_checkpoint(
         for key, values in scalars.items():
             f.require_group(key).attrs.update(values)
         if optimizer is not None:
-            f.require_group("optimizer").attrs["param_groups"] = groups
+            f.require_group("optimizer").attrs.update({"param_groups": groups, "class": _class_name(optimizer)})
 
     mine = [e for e in entries if e.writes(grid)]
 
@@ -130,14 +131,21 @@ def save_checkpoint(
     atomic_write(grid, path, mode="w", prepare=prepare, write=write if mine else None, method=resolved)
 
 
+def _layout_text(e: Entry) -> str:
+    """A sharded entry's layout (split, grid and cuts); every rank must describe the same tiling."""
+    if e.layout is None:
+        return "replicated"
+    return f"{e.layout.split}|{e.layout.grid_dims}|{e.layout.dim_cuts}"
+
+
 def _check_same_everywhere(grid: ProcessGrid, entries: list[Entry], groups: str) -> None:
-    text = ";".join(f"{e.key}:{e.global_shape}:{e.dtype}:{e.layout is not None}" for e in entries)
+    text = ";".join(f"{e.key}:{e.global_shape}:{e.dtype}:{_layout_text(e)}" for e in entries)
     sig = [len(entries), zlib.crc32(text.encode()), zlib.crc32(groups.encode())]
     table = C.allgather_ints(grid.comm, sig)
     if (table != table[0]).any():
         raise ValueError(
-            "save_checkpoint: the model/optimizer state differs between ranks (names, global shapes, dtypes "
-            "or hyperparameters); every rank must hold the same model with its own blocks"
+            "save_checkpoint: the model/optimizer state differs between ranks (names, global shapes, dtypes, "
+            "layouts or hyperparameters); every rank must hold the same model with its own blocks"
         )
 
 
@@ -263,7 +271,7 @@ def _read(f: h5py.File, e: Entry, grid: ProcessGrid, path: str) -> np.ndarray:
 
 
 def _read_slab(ds: h5py.Dataset, sel: tuple[slice, ...], path: str) -> np.ndarray:
-    buf = np.empty(tuple(s.stop - s.start for s in sel), dtype=ds.dtype)
+    buf = np.empty(tuple(s.stop - s.start for s in sel), dtype=native_dtype(ds))
     read_block(ds, buf, sel, path)
     return buf
 
@@ -275,11 +283,21 @@ def _as_tensor(buf: np.ndarray, dtype: str) -> torch.Tensor:
     return t.view(torch.bfloat16) if dtype == "bfloat16" else t
 
 
+def _class_name(optimizer: torch.optim.Optimizer) -> str:
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
 def _read_optimizer(
     f: h5py.File, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grid: ProcessGrid
 ) -> dict[str, Any]:
     if "optimizer" not in f:
         raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
+    saved_class = f["optimizer"].attrs.get("class", None)
+    if saved_class is not None and str(saved_class) != _class_name(optimizer):
+        raise ValueError(
+            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {_class_name(optimizer)}; "
+            f"build the same optimizer type, or pass optimizer=None to load the model only"
+        )
     saved_groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
     current = group_param_names(model, optimizer)
     saved_names = [g["params"] for g in saved_groups]
@@ -318,8 +336,9 @@ def _read_param_state(f: h5py.File, base: str, p: torch.Tensor, grid: ProcessGri
             raise ValueError(
                 f"{path}:{base}/{key} has shape {tuple(ds.shape)} but the parameter's global shape is {gshape}"
             )
-        if layout is not None and ds.ndim > 0 and tuple(ds.shape) == gshape:
-            sel = layout.local_slices(grid.coords)  # shaped like the parameter: follow its layout
+        sharded = bool(ds.attrs.get("sharded", tuple(ds.shape) == gshape))  # saved flag; older files: by shape
+        if layout is not None and ds.ndim > 0 and sharded:
+            sel = layout.local_slices(grid.coords)  # sharded like the parameter: follow its layout
         else:
             sel = tuple(slice(0, n) for n in ds.shape)
         dtype = str(ds.attrs.get("torch_dtype", ds.dtype.name))

@@ -26,7 +26,7 @@ from ..backend import BACKENDS, from_numpy
 from ..comm import ProcessGrid
 from ..layout import Layout
 from ..tensor import DistTensor
-from ._files import check_dataset_name, get_dataset, open_local
+from ._files import check_dataset_name, get_dataset, native_dtype, open_local
 from .hdf5 import check_stored_dtype, layout_for, read_block
 
 __all__ = ["FieldDataset", "chunk_cache_bytes"]
@@ -78,7 +78,10 @@ class FieldDataset:
     FileNotFoundError, KeyError, OSError
         Missing or corrupt file or dataset.
     ValueError
-        Bad split, lag, sample indices, or a target dataset of another leading size.
+        Bad split, lag, sample indices, a null dataspace, or a target dataset of another
+        leading size.
+    TypeError
+        Non-integer ``samples`` (floats and bools are not truncated to indices).
     All raised on every rank.
     """
 
@@ -140,7 +143,10 @@ class FieldDataset:
         last = n - self.lag
         if samples is None:
             samples = range(max(last, 0))
-        idx = np.asarray(list(samples), dtype=np.int64).reshape(-1)
+        raw = np.asarray(list(samples)).reshape(-1)
+        if raw.size and raw.dtype.kind not in "iu":
+            raise TypeError(f"samples must be integer snapshot indices, got dtype {raw.dtype} ({raw[:4].tolist()}...)")
+        idx = raw.astype(np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= last):
             raise ValueError(
                 f"samples must lie in 0..{last - 1} for {self.path}:{self.dataset} with {n} snapshots"
@@ -209,7 +215,7 @@ class FieldDataset:
 
     def _read(self, ds: h5py.Dataset, layout: Layout, idx: np.ndarray) -> DistTensor:
         coords = self.grid.coords
-        block = np.empty((idx.size,) + layout.local_shape(coords), dtype=ds.dtype)
+        block = np.empty((idx.size,) + layout.local_shape(coords), dtype=native_dtype(ds))
         slices = layout.local_slices(coords)
         start = 0
         while start < idx.size:  # one read per run of consecutive indices

@@ -29,7 +29,15 @@ from ..comm import ProcessGrid
 from ..dtypes import dtype_name
 from ..layout import Layout
 from ..tensor import DistTensor
-from ._files import check_dataset_name, check_readable, get_dataset, open_checked, open_local, resolve_method
+from ._files import (
+    check_dataset_name,
+    check_readable,
+    get_dataset,
+    native_dtype,
+    open_checked,
+    open_local,
+    resolve_method,
+)
 from ._writer import atomic_write
 
 __all__ = [
@@ -54,7 +62,7 @@ def check_stored_dtype(ds: h5py.Dataset, path: str, dtype: object = None) -> np.
     ValueError
         If the dataset holds a non-numeric type, or differs from the requested ``dtype``.
     """
-    stored = ds.dtype
+    stored = native_dtype(ds)
     try:
         dtype_name(stored)
     except TypeError:
