@@ -199,3 +199,28 @@ def test_loader_rejects_different_seeds(grid1d: hpctp.ProcessGrid, sim_file: Pat
     with pytest.raises(ValueError, match="batch_size"):
         hpctp.io.FieldLoader(ds, batch_size=0)
     ds.close()
+    r = grid1d.rank % 2  # same number of samples, different ones: the batches would not match up
+    ds = hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), samples=[r, 2 + r])
+    with pytest.raises(ValueError, match="samples checksum"):
+        hpctp.io.FieldLoader(ds, batch_size=2)
+    ds.close()
+
+
+@pytest.mark.mpi
+def test_loader_thread_start_failure_reaches_every_rank(
+    grid1d: hpctp.ProcessGrid, sim_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefetch thread selecting the GPU fails on one rank: every rank raises, none waits."""
+
+    def use_device(device: object) -> None:
+        if grid1d.rank == grid1d.size - 1:
+            raise RuntimeError("CUDA error: invalid device ordinal (injected)")
+
+    monkeypatch.setattr(hpctp.comm, "use_device", use_device)
+    ds = hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None))
+    with pytest.raises(Exception, match="initializer failed|injected") as info:
+        for _ in hpctp.io.FieldLoader(ds, batch_size=3, seed=1):
+            pass
+    ok = grid1d.rank != grid1d.size - 1 or "BrokenThreadPool" in type(info.value).__name__
+    assert_all(grid1d, ok, f"the failing rank raised {info.value!r}")
+    ds.close()

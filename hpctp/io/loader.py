@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,20 +66,21 @@ class FieldLoader:
         self.dataset = dataset
         self.grid = dataset.grid
         error: Exception | None = None
-        values = [0, 0, 0, 0, 0, 0]
+        values = [0, 0, 0, 0, 0, -1]
         try:
             for name, v, lo in (("batch_size", batch_size, 1), ("seed", seed, 0), ("prefetch", prefetch, 0)):
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-            values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), 1]
+            samples = zlib.crc32(np.ascontiguousarray(dataset.samples, dtype=np.int64).tobytes())
+            values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), samples]
         except ValueError as e:
             error = e
         C.raise_if_any(self.grid.comm, error)
         table = C.allgather_ints(self.grid.comm, values)
         if (table != table[0]).any():
             raise ValueError(
-                "FieldLoader arguments (batch_size, seed, shuffle, drop_last, dataset length) differ "
-                f"between ranks: {table[:, :5].tolist()}; pass the same values on every rank"
+                "FieldLoader arguments (batch_size, seed, shuffle, drop_last, dataset length, samples checksum) "
+                f"differ between ranks: {table.tolist()}; pass the same values (and samples) on every rank"
             )
         self.batch_size = int(batch_size)
         self.seed = int(seed)
@@ -136,9 +138,18 @@ class FieldLoader:
                 current = ahead.popleft()
                 if todo:
                     ahead.append(pool.submit(self._read, todo.popleft()))
-                yield self._agree(current.result())
+                yield self._agree(_outcome(current))
 
     def _agree(self, result: tuple[Batch | None, Exception | None]) -> Batch:
         batch, error = result
         C.raise_if_any(self.grid.comm, error)
         return batch  # type: ignore[return-value]
+
+
+def _outcome(future: Future[tuple[Batch | None, Exception | None]]) -> tuple[Batch | None, Exception | None]:
+    """The prefetched read's result; a failure of the reader thread itself (e.g. selecting the
+    GPU in its initializer) becomes this rank's error, agreed on like a read error."""
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001
+        return None, e
