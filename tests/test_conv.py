@@ -169,6 +169,48 @@ def test_bad_inputs_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
             conv(torch.zeros(1 + grid2d.rank, 2, 4, 4, dtype=F64))
     with pytest.raises(ValueError, match="output_size"):
         ConvTranspose2d(2, 2, 3, grid=grid2d, seed=0)(torch.zeros(1, 2, 4, 4), output_size=(9, 9))
+    # what torch would reject inside the op, after the halo messages were posted: refused before
+    x = torch.zeros(1, 2, 6, 6, dtype=F64)
+    for kwargs, match in [
+        (dict(weight=torch.zeros(3, 1, 3, 3, dtype=F64), groups=2), "out_channels=3.*not divisible by groups=2"),
+        (dict(weight=torch.zeros(2, 2, 3, 3, dtype=F64), groups=0), "groups must be an int >= 1"),
+        (
+            dict(weight=torch.zeros(2, 2, 3, 3, dtype=F64), bias=torch.zeros(3, dtype=F64)),
+            r"bias must have shape \(2,\)",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            HF.conv2d(x, grid=grid2d, split=(0, 1), **kwargs)
+    with pytest.raises(ValueError, match="in_channels=2.*not divisible by groups=4"):
+        HF.conv_transpose2d(x, torch.zeros(2, 1, 3, 3, dtype=F64), groups=4, grid=grid2d, split=(0, 1))
+    if grid2d.size > 1:  # a block of another ndim on one rank: every rank raises, none waits
+        with pytest.raises(ValueError, match="dims"):
+            conv(torch.zeros(2, 5, 5, dtype=F64) if grid2d.rank == 0 else torch.zeros(1, 2, 5, 5, dtype=F64))
+        with pytest.raises(ValueError, match="dims"):
+            HF.halo_pad(torch.zeros(4, 4) if grid2d.rank == 0 else torch.zeros(1, 4, 4), grid2d, (0, 1), 1)
+
+
+def test_error_in_overlapped_compute_completes_the_halo(
+    grid2d: hpctp.ProcessGrid, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch failing while the halo is in flight: every rank raises, the posted messages are
+    completed (no request outlives its buffer), and the next call is exact."""
+    conv = Conv2d(2, 3, 3, padding=1, grid=grid2d, seed=0, dtype=F64)
+    X = global_field((1, 2, 7, 6), 3)
+    lay = make_layout(grid2d, X.shape, (None, None, 0, 1), skew=True)
+    real = torch.nn.functional.conv2d
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        conv(X[lay.local_slices(grid2d.coords)])
+    monkeypatch.setattr(torch.nn.functional, "conv2d", real)
+    y = conv(X[lay.local_slices(grid2d.coords)])
+    R = real(X, conv.weight.detach(), conv.bias.detach(), 1, 1)  # conv weights are whole on every rank
+    out = hpctp.layout.Layout(R.shape, grid2d.dims, (None, None, 0, 1))
+    assert_allclose(grid2d, y.detach(), R[out.local_slices(grid2d.coords)], rtol=1e-12)
 
 
 def test_default_init_is_identical_everywhere(grid2d: hpctp.ProcessGrid) -> None:

@@ -58,6 +58,10 @@ def test_pool_bad_arguments(grid2d: hpctp.ProcessGrid) -> None:
         MaxPool2d(2, return_indices=True, grid=grid2d)
     with pytest.raises(ValueError, match="at most half"):
         MaxPool2d(2, 2, 2, grid=grid2d)(torch.zeros(1, 1, 4, 4))
+    with pytest.raises(ValueError, match="at most half of the kernel size"):  # as torch, dilation or not
+        MaxPool2d(3, 1, 2, dilation=2, grid=grid2d)(torch.zeros(1, 1, 8, 8))
+    with pytest.raises(ValueError, match="divisor_override"):
+        AvgPool2d(2, divisor_override=0, grid=grid2d)(torch.zeros(1, 1, 4, 4))
     with pytest.raises(ValueError, match="too small"):
         AvgPool2d(5, grid=grid2d)(torch.zeros(1, 1, 1, 1))
     with pytest.raises(ValueError, match="grid axis"):

@@ -99,6 +99,19 @@ def test_3d(grid3d, mode, align_corners) -> None:  # type: ignore[no-untyped-def
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["trilinear", "nearest"])
+def test_spatial_split_starting_with_two_nones(grid1d, mode) -> None:  # type: ignore[no-untyped-def]
+    """(None, None, 0) is a split of 3 spatial dims (as the conv layers read it) or of [N, C, W]."""
+    shape = (1, 2, 3, 4, 7)
+    layout = Layout(shape, grid1d.dims, (None, None, None, None, 0))
+    layer = Upsample(2, mode, grid=grid1d, split=(None, None, 0))
+    check(grid1d, layer, torch.nn.Upsample(scale_factor=2.0, mode=mode), shape, layout, (2, 2, 2), what=mode)
+    if mode == "nearest":  # the same spec as a full split of a 1-D field [N, C, W]
+        flat = Layout((2, 3, 7), grid1d.dims, (None, None, 0))
+        check(grid1d, layer, torch.nn.Upsample(scale_factor=2.0, mode=mode), (2, 3, 7), flat, (2,), what="1-D")
+
+
+@pytest.mark.mpi
 def test_bad_arguments(grid2d) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="integer"):
         Upsample(1.5, grid=grid2d)

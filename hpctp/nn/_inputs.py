@@ -42,10 +42,20 @@ def prepare(
         local, lay, wrapped = x, layout, False
     else:
         raise TypeError(f"input must be a torch.Tensor block or a DistTensor, got {type(x).__name__}")
-    if local.ndim != nd + 2:
-        raise ValueError(f"expected a batched {nd + 2}-D block (N, C, *spatial), got {local.ndim} dims")
     sp = W.full_split(split, nd, grid.ndim)
-    if lay is not None and wrapped:
+    wrong_ndim = ValueError(f"expected a batched {nd + 2}-D block (N, C, *spatial), got {local.ndim} dims")
+    if lay is None:
+        # inferred collectively, before the local check: a block of another ndim on only some ranks
+        # fails the inference on every rank instead of leaving the others waiting in it
+        try:
+            return local, infer_layout(tuple(local.shape), grid, sp), wrapped
+        except ValueError:
+            if local.ndim != nd + 2:
+                raise wrong_ndim from None
+            raise
+    if local.ndim != nd + 2:
+        raise wrong_ndim
+    if wrapped:
         if lay.split != sp:
             raise ValueError(f"input split {lay.split} differs from the layer's split {sp}; redistribute first")
         return local, lay, wrapped

@@ -16,8 +16,9 @@ needs about the memory of torch on its block.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from ..comm import ProcessGrid
 from ..halo.plan import fetch_plan
-from ..halo.run import begin_fetch
+from ..halo.run import FetchHandle, begin_fetch
 from ..layout import Layout, normalize_split
 from ._fetch import Fetch, FetchStrips, GradSink, Slot
 
@@ -199,7 +200,8 @@ def windowed(
             slice(None) if nat else slice(a - w0, b - w0) for (a, b), (w0, _), nat in zip(ibox, plan.want[2:], native)
         )
         handle = begin_fetch(plan, grid.comm, x.detach(), None, fill, need, skip=own)
-        y = linear[0](x_in)  # the bulk, while the halo is in flight
+        with _complete_on_error(handle):
+            y = linear[0](x_in)  # the bulk, while the halo is in flight
         outs = FetchStrips.apply(x_in, handle, grid.comm, need, own, slot)
         corrs = [linear[1](inp, _slices(s), pad) for inp, s in zip(outs[:-1], strips)]
         if corrs:
@@ -215,7 +217,8 @@ def windowed(
         origin = [o0 * st - pl - a for (_, st, pl, _, _), (o0, _), (a, _) in zip(specs, obox, ibox)]
         sl = in_slices(tuple(interior), origin)
         whole = all(s == slice(None) or (s.start == 0 and s.stop == n) for s, n in zip(sl, x.shape))
-        y_int = op(x_in if whole else x_in[sl], _slices(interior), pad)  # no SliceBackward copy if whole
+        with _complete_on_error(handle):
+            y_int = op(x_in if whole else x_in[sl], _slices(interior), pad)  # no SliceBackward copy if whole
     outs = FetchStrips.apply(x_in, handle, grid.comm, need, None, slot)
     ys = [op(inp, _slices(s), pad) for inp, s in zip(outs[:-1], strips)]
     if math.prod(out_shape) == 0:
@@ -231,6 +234,17 @@ def windowed(
     boxes = ([interior] if y_int is not None else []) + list(strips)
     pieces = ([y_int] if y_int is not None else []) + ys
     return Assemble.apply(out_shape, [(slice(None), slice(None), *_slices(b)) for b in boxes], *pieces), out_layout
+
+
+@contextlib.contextmanager
+def _complete_on_error(handle: FetchHandle) -> Iterator[None]:
+    """Compute overlapped with a fetch: if it raises, the fetch's messages are completed first,
+    so no MPI request outlives the buffers it points to."""
+    try:
+        yield
+    except BaseException:
+        handle.wait()
+        raise
 
 
 def _slices(box: Sequence[tuple[int, int]]) -> tuple[slice, ...]:
@@ -253,13 +267,32 @@ def _onion(full: list[tuple[int, int]], inner: list[tuple[int, int]] | None) -> 
     return out
 
 
-def _check_input(x: torch.Tensor, layout: Layout, weight: torch.Tensor, nd: int, channels: int) -> None:
+def _check_input(
+    x: torch.Tensor, layout: Layout, weight: torch.Tensor, bias: torch.Tensor | None, nd: int, groups: object,
+    transposed: bool,
+) -> int:  # fmt: skip
+    """Everything torch would reject inside the op, checked before any message is posted
+    (from global quantities, so every rank agrees). Returns the output channel count."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be an int >= 1, got {groups!r}")
     if weight.ndim != nd + 2:
         raise ValueError(f"weight must have {nd + 2} dims, got {weight.ndim}")
+    if transposed:  # weight [in, out / groups, *k]
+        channels, out_channels = int(weight.shape[0]), int(weight.shape[1]) * groups
+    else:  # weight [out, in / groups, *k]
+        channels, out_channels = int(weight.shape[1]) * groups, int(weight.shape[0])
+    if weight.shape[0] % groups:
+        what = "in_channels" if transposed else "out_channels"
+        raise ValueError(f"weight dim 0 ({what}={weight.shape[0]}) is not divisible by groups={groups}")
     if layout.global_shape[1] != channels:
         raise ValueError(f"input has {layout.global_shape[1]} channels, the weight expects {channels}")
     if x.dtype != weight.dtype:
         raise ValueError(f"input dtype {x.dtype} differs from the weight dtype {weight.dtype}")
+    if bias is not None and tuple(bias.shape) != (out_channels,):
+        raise ValueError(
+            f"bias must have shape ({out_channels},) for {out_channels} output channels, got {tuple(bias.shape)}"
+        )
+    return out_channels
 
 
 def conv(
@@ -279,7 +312,7 @@ def conv(
     """Collective over grid. Block of the global ``convNd`` and the output layout."""
     if padding_mode not in _MODES:
         raise ValueError(f"padding_mode must be one of {sorted(_MODES)}, got {padding_mode!r}")
-    _check_input(x, layout, weight, nd, weight.shape[1] * groups)
+    _check_input(x, layout, weight, bias, nd, groups, transposed=False)
     k = tuple(int(v) for v in weight.shape[2:])
     s, dil = ntuple(stride, nd, "stride"), ntuple(dilation, nd, "dilation")
     if isinstance(padding, str):
@@ -351,10 +384,8 @@ def pool(
     specs = []
     for d in range(nd):
         ext = dil[d] * (k[d] - 1) + 1
-        if 2 * p[d] > (ext if kind == "max" else k[d]):
-            raise ValueError(
-                f"pad should be at most half of the effective kernel size, got padding={p}, kernel_size={k}"
-            )
+        if 2 * p[d] > k[d]:  # as torch: half the kernel size, dilation or not
+            raise ValueError(f"pad should be at most half of the kernel size, got padding={p}, kernel_size={k}")
         n = layout.global_shape[d + 2]
         num = n + 2 * p[d] - ext + (s[d] - 1 if ceil_mode else 0)
         if num < 0:
@@ -373,7 +404,9 @@ def pool(
     if nd == 1:
         raise ValueError("avg pooling is provided for 2-D and 3-D fields")
     afn = (None, F.avg_pool2d, F.avg_pool3d)[nd - 1]
-    if divisor_override:
+    if divisor_override is not None:
+        if isinstance(divisor_override, bool) or not isinstance(divisor_override, int) or divisor_override == 0:
+            raise ValueError(f"divisor_override must be a non-zero int or None, got {divisor_override!r}")
 
         def aop(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
             return afn(inp, k, s, pad, ceil_mode, True, divisor_override)  # type: ignore[misc]
@@ -423,7 +456,7 @@ def conv_transpose(
     dilation: object,
 ) -> tuple[torch.Tensor, Layout]:
     """Collective over grid. Block of the global ``conv_transposeNd`` and the output layout."""
-    _check_input(x, layout, weight, nd, weight.shape[0])
+    _check_input(x, layout, weight, bias, nd, groups, transposed=True)
     k = tuple(int(v) for v in weight.shape[2:])
     s, dil = ntuple(stride, nd, "stride"), ntuple(dilation, nd, "dilation")
     p, opad = ntuple(padding, nd, "padding", 0), ntuple(output_padding, nd, "output_padding", 0)

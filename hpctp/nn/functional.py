@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..comm import ProcessGrid
+from ..halo.infer import infer_layout
 from ..halo.plan import fetch_plan, halo_wants, normalize_boundary, normalize_widths
 from ..layout import Layout, normalize_split
 from . import _window as W
@@ -109,12 +110,14 @@ def halo_pad(
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"halo_pad needs a torch.Tensor block, got {type(x).__name__}")
-    sp = normalize_split(split, x.ndim, grid.ndim)
-    widths = normalize_widths(width, sp)
-    bnd = normalize_boundary(boundary, x.ndim)
     if stencil not in ("box", "star"):
         raise ValueError(f"stencil must be 'box' or 'star', got {stencil!r}")
-    lay = _resolve_layout(x, grid, sp, layout)
+    if layout is None:  # collective first: blocks of different ndim fail on every rank, none waits
+        lay = infer_layout(tuple(x.shape), grid, split)
+    else:
+        lay = _resolve_layout(x, grid, normalize_split(split, x.ndim, grid.ndim), layout)
+    widths = normalize_widths(width, lay.split)
+    bnd = normalize_boundary(boundary, x.ndim)
     plan = fetch_plan(lay, grid.rank, halo_wants(lay, widths), bnd, stencil)
     return Fetch.apply(x, plan, grid.comm, 0.0)
 

@@ -48,14 +48,18 @@ def _check_scales(scale_factor: object) -> tuple[int, ...] | int:
     return int(float(items[0]))  # type: ignore[arg-type]
 
 
-def _spatial_split(split: object) -> int | None:
-    """Number of spatial dims a split spec fixes (None: decided by the input)."""
+def _spatial_dims(split: object) -> set[int] | None:
+    """Numbers of spatial dims a split spec can describe (None: any, decided by the input).
+
+    A spec has one entry per spatial dim, or one per dim of ``[N, C, *spatial]`` when it
+    starts with ``(None, None)``: ``(None, None, 0)`` is 3 spatial dims or 1.
+    """
     if split is None:
         return None
     items = (split,) if isinstance(split, int) else tuple(split)  # type: ignore[arg-type]
     if len(items) > 2 and items[0] is None and items[1] is None:
-        return len(items) - 2
-    return len(items)
+        return {len(items), len(items) - 2}
+    return {len(items)}
 
 
 def upsampled_layout(layout: Layout, scale_factor: Sequence[int], balanced: bool = False) -> Layout:
@@ -174,14 +178,22 @@ class Upsample(torch.nn.Module):
         if mode.startswith("nearest") and align_corners:
             raise ValueError("align_corners can only be set with the linear modes")
         self._scale = _check_scales(scale_factor)
-        hints = (_LINEAR.get(mode), _spatial_split(split), len(self._scale) if isinstance(self._scale, tuple) else None)
-        fixed = {h for h in hints if h is not None}
-        if len(fixed) > 1:
+        hints = (
+            {_LINEAR[mode]} if mode in _LINEAR else None,
+            _spatial_dims(split),
+            {len(self._scale)} if isinstance(self._scale, tuple) else None,
+        )
+        options: set[int] | None = None
+        for h in hints:
+            if h is not None:
+                options = h if options is None else options & h
+        if options is not None and not options:
             raise ValueError(
                 f"mode={mode!r}, split={split!r} and scale_factor={scale_factor!r} disagree on the "
-                f"number of spatial dims ({sorted(fixed)})"
+                f"number of spatial dims ({[sorted(h) for h in hints if h is not None]})"
             )
-        self.nd: int | None = fixed.pop() if fixed else None
+        self._nd_options = options
+        self.nd: int | None = next(iter(options)) if options is not None and len(options) == 1 else None
         self._split_spec = split
         if self.nd is not None:
             field_axes(grid, split, self.nd)  # validate now
@@ -191,8 +203,9 @@ class Upsample(torch.nn.Module):
 
     def _resolve(self, nd: int) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
         """Spatial split and scale factors for ``nd`` spatial dims."""
-        if self.nd is not None and nd != self.nd:
-            raise ValueError(f"expected a block [N, C, *spatial] with {self.nd} spatial dims, got {nd}")
+        if self._nd_options is not None and nd not in self._nd_options:
+            want = " or ".join(str(n) for n in sorted(self._nd_options))
+            raise ValueError(f"expected a block [N, C, *spatial] with {want} spatial dims, got {nd}")
         split, _ = field_axes(self.grid, self._split_spec, nd)
         scales = self._scale if isinstance(self._scale, tuple) else (self._scale,) * nd
         return split, scales
