@@ -227,7 +227,10 @@ def byte_view(x: Array) -> Array:
 
         if not x.is_contiguous():
             raise ValueError("byte_view needs a contiguous tensor")
-        return x.detach().reshape(-1).view(torch.uint8)
+        flat = x.detach().reshape(-1)
+        if flat.numel() <= 1 or flat.stride(0) != 1:  # size-0/1 dims leave any stride on a contiguous tensor
+            flat = flat.as_strided((flat.numel(),), (1,))
+        return flat.view(torch.uint8)
     if not x.flags.c_contiguous:
         raise ValueError("byte_view needs a C-contiguous array")
     import cupy as cp

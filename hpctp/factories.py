@@ -60,6 +60,8 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
     if grid.rank == root:
         try:
             check_array(array, "distribute(array=...) on the root rank")
+            if isinstance(array, np.ndarray) and not array.dtype.isnative:  # e.g. '>f8' read from a file
+                array = array.astype(array.dtype.newbyteorder("="))  # receivers allocate native blocks
             if array.ndim > _MAX_NDIM:  # type: ignore[union-attr]
                 raise ValueError(f"at most {_MAX_NDIM} dims are supported, got {array.ndim}")  # type: ignore[union-attr]
             header = [array.ndim, dtype_code(array.dtype), BACKENDS.index(_backend_key(array))]  # type: ignore[union-attr]

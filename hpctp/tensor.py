@@ -189,17 +189,19 @@ class DistTensor:
         Integer tensors give float64 (float32 stays float32)."""
         axes = normalize_axes(axis, self.ndim)
         count = math.prod(self.global_shape[d] for d in axes)
-        src = self
-        if backend_name(self.local) == "torch":
-            if not (self.local.dtype.is_floating_point or self.local.dtype.is_complex):
-                src = self.astype("float64")
-        elif np.dtype(self.dtype).kind in "biu":
-            src = self.astype("float64")
+        src = self if self._is_inexact() else self.astype("float64")
         return src._reduce("sum", axes, keepdims) / count
+
+    def _is_inexact(self) -> bool:
+        """Floating point or complex blocks (bool and int ones are reduced in float64)."""
+        if backend_name(self.local) == "torch":
+            return bool(self.local.dtype.is_floating_point or self.local.dtype.is_complex)
+        return np.dtype(self.dtype).kind not in "biu"
 
     def norm(self) -> DistTensor:
         """Collective over grid. Frobenius (2-) norm of the whole tensor, as a replicated 0-d tensor."""
-        x = self.local
+        src = self if self._is_inexact() else self.astype("float64")  # int squares overflow
+        x = src.local
         sq = (x.abs() ** 2) if backend_name(x) == "torch" else abs(x) ** 2
         total = self._new(sq).sum()
         root = total.local**0.5
@@ -241,6 +243,11 @@ class DistTensor:
     def __float__(self) -> float:
         return float(self.item())
 
+    def __bool__(self) -> bool:
+        """Local. Truth of a single-element tensor, as numpy (``if x.max():``); a tensor of more
+        elements raises ValueError instead of always being true."""
+        return bool(self.item())
+
     def __int__(self) -> int:
         return int(self.item())
 
@@ -265,6 +272,9 @@ class DistTensor:
         )
 
     def _binary(self, other: object, fn: Callable[[Any, Any], Any], op: str, reflected: bool = False) -> DistTensor:
+        if self.ndim == 0 and isinstance(other, DistTensor) and other.ndim > 0:
+            # a replicated 0-d tensor (e.g. x.sum()) broadcasts on the left too: the result has other's layout
+            return other._binary(self, fn, op, reflected=not reflected)
         o = self._other(other, op)
         out = fn(o, self.local) if reflected else fn(self.local, o)
         return self._new(out)

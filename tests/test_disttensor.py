@@ -215,6 +215,59 @@ def test_reductions_torch_and_integers(grid2d: hpctp.ProcessGrid) -> None:
 
 
 @pytest.mark.mpi
+def test_reductions_of_bool_int_and_complex(grid2d: hpctp.ProcessGrid) -> None:
+    """bool max/min over ranks (MPI has no MAX for booleans), norm of ints without overflow,
+    complex max refused on every rank, numpy integer axes."""
+    flags = np.zeros((5, 4), dtype=bool)
+    flags[4, 3] = True  # on the last rank of a split grid only
+    for like in ("numpy", "torch"):
+        b = hpctp.distribute(flags if grid2d.rank == 0 else None, grid2d, (0, 1))
+        b = b if like == "numpy" else b.to("torch")
+        assert_equal(grid2d, bool(b.max()), True, f"{like} bool max")
+        assert_equal(grid2d, bool(b.min()), False, f"{like} bool min")
+        assert_equal(grid2d, np.asarray(b.max(axis=0).gather(root=None)), flags.max(axis=0), f"{like} bool max axis 0")
+    big = np.array([[12, 13], [14, 100], [50, 70]], dtype=np.int8)  # squares overflow int8
+    x = hpctp.distribute(big if grid2d.rank == 0 else None, grid2d, (0, 1))
+    assert_allclose(grid2d, float(x.norm()), np.linalg.norm(big.astype(np.float64)), rtol=1e-14, what="int8 norm")
+    assert_allclose(grid2d, float(x.to("torch").norm()), np.linalg.norm(big.astype(np.float64)), rtol=1e-14)
+    a = _global((5, 3))
+    y = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    assert_allclose(grid2d, y.sum(axis=np.int64(0)).gather(root=None), a.sum(axis=0), rtol=1e-14)
+    with pytest.raises(ValueError, match="single-element"):  # as numpy: not always true
+        bool(y)
+    z = hpctp.distribute((a + 1j) if grid2d.rank == 0 else None, grid2d, (0, 1))
+    with pytest.raises(TypeError, match="max of a complex tensor"):
+        z.max()
+
+
+@pytest.mark.mpi
+def test_zero_d_broadcasts_on_both_sides_and_foreign_byte_order(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global((5, 3))
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    s = x.sum()
+    for got, want, what in [
+        (x * s, a * a.sum(), "x * s"),
+        (s * x, a.sum() * a, "s * x"),
+        (s - x, a.sum() - a, "s - x"),
+    ]:
+        assert_allclose(grid2d, got.gather(root=None), want, rtol=1e-14, what=what)
+    be = hpctp.distribute(a.astype(">f8") if grid2d.rank == 0 else None, grid2d, (0, 1))  # e.g. read from a file
+    assert_all(grid2d, be.local.dtype == np.float64 and be.local.dtype.isnative, f"block dtype {be.local.dtype}")
+    assert_equal(grid2d, be.local, a[be.local_slices], "big-endian array scattered")
+    assert_allclose(grid2d, float(be.sum()), a.sum(), rtol=1e-14)
+
+
+@pytest.mark.mpi
+def test_torch_blocks_with_any_strides_of_size_0_and_1_dims(grid2d: hpctp.ProcessGrid) -> None:
+    """Contiguous torch tensors whose size-0/1 dims carry odd strides (a transposed row, an
+    empty tensor from numpy) move through distribute, redistribute and gather."""
+    for t in (torch.arange(2.0, dtype=torch.float64).reshape(1, 2).T, torch.from_numpy(np.zeros((0, 3)))):
+        x = hpctp.distribute(t if grid2d.rank == 0 else None, grid2d, (0, None))
+        assert_equal(grid2d, x.gather(root=None).numpy(), t.numpy(), f"distribute {tuple(t.shape)}")
+        assert_equal(grid2d, x.redistribute((None, 0)).gather(root=None).numpy(), t.numpy(), "redistribute")
+
+
+@pytest.mark.mpi
 def test_elementwise(grid2d: hpctp.ProcessGrid) -> None:
     a, b = _global((5, 4)), _global((5, 4)) ** 2 + 1.0
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))

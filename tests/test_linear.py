@@ -160,6 +160,12 @@ def test_errors(grid1d, grid2d):  # type: ignore[no-untyped-def]
     row = RowParallelLinear(5, 2, grid2d, axis=1, dtype=F64)
     with pytest.raises(ValueError, match="last dim"):
         row(torch.zeros(3, row.weight.shape[1] + (1 if grid2d.coords[1] == 0 else 0), dtype=F64))
+    col = ColumnParallelLinear(4, 6, grid2d, axis=1, gather_output=True, dtype=F64)
+    with pytest.raises(ValueError, match="last dim"):  # one rank of the axis wrong: none waits in the gather
+        col(torch.zeros(3, 4 + (1 if grid2d.coords[1] == grid2d.dims[1] - 1 else 0), dtype=F64))
+    if grid2d.dims[1] > 1:
+        with pytest.raises(ValueError, match="same rows of X"):  # batch rows differ along a grid row
+            layer(torch.zeros(2 + grid2d.coords[1], layer.weight.shape[1], dtype=F64))
 
 
 @pytest.mark.mpi

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, backend_name, is_device, is_torch, numpy_dtype
+from ..backend import Array, backend_name, byte_view, is_device, is_torch, numpy_dtype
 from .cuda import cuda_aware
 
 __all__ = ["mpi_buffer", "nbytes", "reduction_buffer", "staging_pool", "synchronize"]
@@ -122,23 +122,23 @@ def mpi_buffer(x: Array, *, read: bool = True, write: bool = False) -> Iterator[
     n = nbytes(x)
     pooled = _acquire_staging(n)
     host = pooled[:n]
-    flat = dev.reshape(-1)
+    raw = byte_view(dev)
     try:
         if read:
             if name == "torch":
                 import torch
 
-                torch.from_numpy(host).copy_(flat.view(torch.uint8))
+                torch.from_numpy(host).copy_(raw)
             else:
-                flat.view(np.uint8).get(out=host)
+                raw.get(out=host)
         yield host.view(numpy_dtype(dev.dtype)).reshape(tuple(x.shape))  # bfloat16 is viewed as int16
         if write:
             if name == "torch":
                 import torch
 
-                flat.view(torch.uint8).copy_(torch.from_numpy(host))
+                raw.copy_(torch.from_numpy(host))
             else:
-                flat.view(np.uint8).set(host)
+                raw.set(host)
             synchronize(x)
     finally:
         _release_staging(pooled)

@@ -277,12 +277,11 @@ class ColumnParallelLinear(torch.nn.Module):
         Raises
         ------
         TypeError, ValueError
-            On a wrong input type, dtype or feature size (before any communication).
+            On a wrong input type, dtype or feature size, on every rank of ``axis``
+            (before the layer's messages).
         """
-        err = _check_input(x, self.weight, self.in_features, "ColumnParallelLinear")
-        if err is not None:
-            raise err
         comm = self.grid.sub(self.axis)
+        C.raise_if_any(comm, _check_input(x, self.weight, self.in_features, "ColumnParallelLinear"))
         y = torch.nn.functional.linear(_CopyToAxis.apply(x, comm), self.weight, self.bias)
         return _GatherLast.apply(y, comm, self.out_cuts) if self.gather_output else y
 
@@ -491,6 +490,12 @@ class Linear2D(torch.nn.Module):
         err = _check_input(x, self.weight, in_j, "Linear2D")
         if err is None and x.ndim != 2:
             err = ValueError(f"Linear2D: input must be a 2-D block [batch_i, in_j], got shape {tuple(x.shape)}")
+        rows = C.allgather_ints(self.grid.sub(1), [x.shape[0] if err is None else -1])[:, 0]
+        if err is None and (rows != rows[0]).any():
+            err = ValueError(
+                f"Linear2D: the ranks of grid row {self.grid.coords[0]} pass {rows.tolist()} batch rows; "
+                f"every rank of a grid row must pass the same rows of X"
+            )
         C.raise_if_any(self.grid.comm, err)
         lay = self._x_layout(x.shape[0])
         return _Summa2DLinear.apply(x.contiguous(), self.weight, self.bias, self.grid, lay, self.w_layout, self.panel)

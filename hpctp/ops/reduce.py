@@ -28,7 +28,7 @@ def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
     """
     if axis is None:
         return tuple(range(ndim))
-    items = (axis,) if isinstance(axis, int) else tuple(axis)
+    items = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     out = []
     for a in items:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
@@ -64,6 +64,21 @@ def _identity(op: str, dtype: object) -> object:
         info = np.iinfo(dt)
         return info.min if op == "max" else info.max
     raise TypeError(f"{op} is not defined for dtype {dt}")
+
+
+def _is_complex(x: Array) -> bool:
+    if is_torch(x):
+        return bool(x.dtype.is_complex)
+    return np.dtype(x.dtype).kind == "c"
+
+
+def _bool_as_uint8(x: Array) -> Array:
+    """A uint8 view of a boolean block (same memory), any other block as is."""
+    if is_torch(x):
+        import torch
+
+        return x.view(torch.uint8) if x.dtype == torch.bool else x
+    return x.view(np.uint8) if np.dtype(x.dtype) == np.bool_ else x
 
 
 def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
@@ -123,13 +138,16 @@ def reduce_block(
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {REDUCTIONS}, got {op!r}")
     axes = normalize_axes(axis, layout.ndim)
+    if op != "sum" and _is_complex(local):  # the dtype is the same on every rank: all raise
+        raise TypeError(f"{op} of a complex tensor is not defined (no ordering); reduce abs(x) or x.real instead")
     red = as_contiguous(_local_reduce(local, op, axes))
+    wire = _bool_as_uint8(red)  # MPI has no MAX/MIN for booleans; 0/1 bytes order the same way
     grid_axes = [layout.split[d] for d in axes if layout.split[d] is not None]
     if len(grid_axes) == grid.ndim and grid.ndim > 1:
-        C.allreduce(grid.comm, red, op)
+        C.allreduce(grid.comm, wire, op)
     else:
         for g in grid_axes:
-            C.allreduce(grid.sub(g), red, op)  # type: ignore[arg-type]
+            C.allreduce(grid.sub(g), wire, op)  # type: ignore[arg-type]
     shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))
     split = tuple(None if d in axes else s for d, s in enumerate(layout.split))
     cuts = tuple(None if d in axes else c for d, c in enumerate(layout.cuts))
