@@ -143,7 +143,8 @@ class DistTensor:
         -------
         DistTensor
             A new tensor; ``self`` is unchanged. Ranks send only the elements whose owner
-            changes.
+            changes. When the layout is already the target, the result shares ``self``'s
+            block (no copy, as ``numpy.asarray``); call ``.copy()`` for independent memory.
 
         Raises
         ------
