@@ -127,7 +127,9 @@ class DistTensor:
         ValueError
             If ``root`` is not a rank of the grid.
         """
-        if root is not None and not (isinstance(root, int) and 0 <= root < self.grid.size):
+        if root is not None and not (
+            isinstance(root, int) and not isinstance(root, bool) and 0 <= root < self.grid.size
+        ):
             raise ValueError(f"root={root!r} must be a rank in 0..{self.grid.size - 1} or None")
         return gather_block(self.local, self.grid, self.layout, root)
 

@@ -235,6 +235,10 @@ def test_reductions_of_bool_int_and_complex(grid2d: hpctp.ProcessGrid) -> None:
     assert_allclose(grid2d, y.sum(axis=np.int64(0)).gather(root=None), a.sum(axis=0), rtol=1e-14)
     with pytest.raises(ValueError, match="single-element"):  # as numpy: not always true
         bool(y)
+    with pytest.raises(ValueError, match="root=True"):  # not taken as rank 1
+        y.gather(root=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must hold ints"):  # not truncated to 3
+        hpctp.zeros((3.5,), grid2d, None)  # type: ignore[arg-type]
     z = hpctp.distribute((a + 1j) if grid2d.rank == 0 else None, grid2d, (0, 1))
     with pytest.raises(TypeError, match="max of a complex tensor"):
         z.max()

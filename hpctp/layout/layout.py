@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -117,6 +118,8 @@ class Layout:
     cuts: tuple[tuple[int, ...] | None, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in self.global_shape):
+            raise TypeError(f"global_shape={tuple(self.global_shape)!r} must hold ints (sizes are not truncated)")
         shape = tuple(int(s) for s in self.global_shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"global_shape={shape} has a negative size")
