@@ -43,7 +43,6 @@ def prepare(
     else:
         raise TypeError(f"input must be a torch.Tensor block or a DistTensor, got {type(x).__name__}")
     sp = W.full_split(split, nd, grid.ndim)
-    wrong_ndim = ValueError(f"expected a batched {nd + 2}-D block (N, C, *spatial), got {local.ndim} dims")
     if lay is None:
         # inferred collectively, before the local check: a block of another ndim on only some ranks
         # fails the inference on every rank instead of leaving the others waiting in it
@@ -51,15 +50,19 @@ def prepare(
             return local, infer_layout(tuple(local.shape), grid, sp), wrapped
         except ValueError:
             if local.ndim != nd + 2:
-                raise wrong_ndim from None
+                raise _wrong_ndim(local, nd) from None
             raise
     if local.ndim != nd + 2:
-        raise wrong_ndim
+        raise _wrong_ndim(local, nd)
     if wrapped:
         if lay.split != sp:
             raise ValueError(f"input split {lay.split} differs from the layer's split {sp}; redistribute first")
         return local, lay, wrapped
     return local, resolve_layout(local, grid, sp, lay), wrapped
+
+
+def _wrong_ndim(local: torch.Tensor, nd: int) -> ValueError:
+    return ValueError(f"expected a batched {nd + 2}-D block (N, C, *spatial), got {local.ndim} dims")
 
 
 def finish(y: torch.Tensor, out_layout: Layout, grid: ProcessGrid, wrapped: bool) -> Any:

@@ -270,9 +270,9 @@ def _onion(full: list[tuple[int, int]], inner: list[tuple[int, int]] | None) -> 
 def _check_input(
     x: torch.Tensor, layout: Layout, weight: torch.Tensor, bias: torch.Tensor | None, nd: int, groups: object,
     transposed: bool,
-) -> int:  # fmt: skip
+) -> None:  # fmt: skip
     """Everything torch would reject inside the op, checked before any message is posted
-    (from global quantities, so every rank agrees). Returns the output channel count."""
+    (from global quantities, so every rank agrees)."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups must be an int >= 1, got {groups!r}")
     if weight.ndim != nd + 2:
@@ -292,7 +292,6 @@ def _check_input(
         raise ValueError(
             f"bias must have shape ({out_channels},) for {out_channels} output channels, got {tuple(bias.shape)}"
         )
-    return out_channels
 
 
 def conv(
