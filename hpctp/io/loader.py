@@ -6,6 +6,7 @@ import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -133,11 +134,11 @@ class FieldLoader:
         ) as pool:
             ahead: deque[Future[tuple[Batch | None, Exception | None]]] = deque()
             while todo and len(ahead) < self.prefetch:
-                ahead.append(pool.submit(self._read, todo.popleft()))
+                ahead.append(_submit(pool, self._read, todo.popleft()))
             while ahead:
                 current = ahead.popleft()
                 if todo:
-                    ahead.append(pool.submit(self._read, todo.popleft()))
+                    ahead.append(_submit(pool, self._read, todo.popleft()))
                 yield self._agree(_outcome(current))
 
     def _agree(self, result: tuple[Batch | None, Exception | None]) -> Batch:
@@ -153,3 +154,16 @@ def _outcome(future: Future[tuple[Batch | None, Exception | None]]) -> tuple[Bat
         return future.result()
     except Exception as e:  # noqa: BLE001
         return None, e
+
+
+def _submit(
+    pool: ThreadPoolExecutor, read: Any, positions: np.ndarray
+) -> Future[tuple[Batch | None, Exception | None]]:
+    """``pool.submit``, with a pool broken by a failed thread start giving a failed Future, so the
+    error is agreed on with the other ranks instead of raising here only."""
+    try:
+        return pool.submit(read, positions)
+    except Exception as e:  # noqa: BLE001
+        failed: Future[tuple[Batch | None, Exception | None]] = Future()
+        failed.set_exception(e)
+        return failed
