@@ -26,6 +26,7 @@ __all__ = [
     "convert",
     "byte_view",
     "numpy_dtype",
+    "dtype_kind",
     "resolve_dtype",
     "copy_into",
     "from_bytes",
@@ -94,6 +95,23 @@ def numpy_dtype(dtype: object) -> np.dtype:
     return np.dtype(cast(Any, dtype))
 
 
+def dtype_kind(x: Array) -> str:
+    """Local. numpy's kind letter of a block's dtype: ``"b"``, ``"i"``, ``"u"``, ``"f"`` or ``"c"``.
+
+    torch dtypes are classified by torch itself, so bfloat16 (a void type to numpy) is ``"f"``.
+    """
+    if is_torch(x):
+        dt = x.dtype
+        if dt.is_complex:
+            return "c"
+        if dt.is_floating_point:
+            return "f"
+        if dt == sys.modules["torch"].bool:
+            return "b"
+        return "i" if dt.is_signed else "u"
+    return np.dtype(x.dtype).kind
+
+
 def resolve_dtype(dtype: object, backend: str) -> Any:
     """Local. ``dtype`` as the given backend spells it (e.g. ``"float32"`` -> ``torch.float32``)."""
     if backend == "torch":
@@ -159,7 +177,7 @@ def from_numpy(a: np.ndarray, like: object) -> Array:
     if target in ("torch", "cuda"):
         import torch
 
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = torch.from_numpy(np.asarray(a, order="C"))  # (ascontiguousarray makes 0-d 1-d)
         dev = "cuda" if target == "cuda" else _device_of(like)
         return t.to(dev) if dev is not None and str(dev) != "cpu" else t
     if target == "cupy":
@@ -208,12 +226,10 @@ def convert(x: Array, backend: str) -> Array:
 def as_contiguous(x: Array) -> Array:
     """Local. ``x`` itself if C-contiguous, else a C-contiguous copy (numpy scalars become 0-d arrays)."""
     if isinstance(x, (np.ndarray, np.generic)):
-        return np.ascontiguousarray(x)
+        return np.asarray(x, order="C")  # not ascontiguousarray: it turns 0-d arrays into shape (1,)
     if is_torch(x):
         return x.contiguous()
-    import cupy as cp
-
-    return cp.ascontiguousarray(x)
+    return x if x.flags.c_contiguous else x.copy(order="C")
 
 
 def byte_view(x: Array) -> Array:

@@ -105,17 +105,18 @@ def from_local(block: Array, grid: ProcessGrid, split: object, global_shape: Seq
     TypeError
         If a rank's block is not a supported array.
     ValueError
-        If dims or dtypes differ between ranks, blocks do not tile, or ``global_shape``
-        does not match. Raised on every rank.
+        If dims, dtypes or backends (numpy, torch CPU, torch CUDA, cupy) differ between
+        ranks, blocks do not tile, or ``global_shape`` does not match. Raised on every rank.
     """
     grid = check_grid(grid)
     error: Exception | None = None
-    info = [-1] * (2 + _MAX_NDIM)
+    info = [-1] * (3 + _MAX_NDIM)
     try:
         check_array(block, "from_local(block=...)")
         if block.ndim > _MAX_NDIM:
             raise ValueError(f"at most {_MAX_NDIM} dims are supported, got {block.ndim}")
-        info = [block.ndim, dtype_code(block.dtype)] + list(block.shape) + [0] * (_MAX_NDIM - block.ndim)
+        info = [block.ndim, dtype_code(block.dtype), BACKENDS.index(_backend_key(block))]
+        info += list(block.shape) + [0] * (_MAX_NDIM - block.ndim)
     except (TypeError, ValueError) as e:
         error = e
     C.raise_if_any(grid.comm, error)
@@ -127,7 +128,7 @@ def from_local(block: Array, grid: ProcessGrid, split: object, global_shape: Seq
 def _infer_layout(
     table: np.ndarray, grid_dims: tuple[int, ...], split: object, global_shape: Sequence[int] | None
 ) -> Layout:
-    """Same on every rank: the layout implied by every rank's (ndim, dtype, shape)."""
+    """Same on every rank: the layout implied by every rank's (ndim, dtype, backend, shape)."""
     ndims = set(table[:, 0].tolist())
     if len(ndims) != 1:
         raise ValueError(f"from_local: blocks have different numbers of dims on different ranks: {sorted(ndims)}")
@@ -135,8 +136,17 @@ def _infer_layout(
     codes = set(table[:, 1].tolist())
     if len(codes) != 1:
         raise ValueError("from_local: blocks have different dtypes on different ranks; cast them to one dtype")
+    backends: dict[str, list[int]] = {}
+    for r, b in enumerate(table[:, 2].tolist()):
+        backends.setdefault(BACKENDS[int(b)], []).append(r)
+    if len(backends) != 1:
+        found = ", ".join(f"{name} on ranks {ranks}" for name, ranks in sorted(backends.items()))
+        raise ValueError(
+            f"from_local: blocks are on different backends ({found}); convert them to one "
+            f"(e.g. torch.from_numpy(block) or block.cpu()) so every rank runs the same code"
+        )
     sp = normalize_split(split, ndim, len(grid_dims))
-    shapes = {r: tuple(int(s) for s in table[r, 2 : 2 + ndim]) for r in range(table.shape[0])}
+    shapes = {r: tuple(int(s) for s in table[r, 3 : 3 + ndim]) for r in range(table.shape[0])}
     cuts: list[tuple[int, ...] | None] = []
     shape: list[int] = []
     for d in range(ndim):

@@ -62,8 +62,9 @@ def block_uniform(
 ) -> np.ndarray:
     """Local. The box ``ranges`` of the global uniform ``[low, high)`` tensor for ``seed`` (float64)."""
     seed = _check_seed(seed)
-    u = _uniform01(seed, 0, _flat_index(global_shape, ranges))
-    return low + (high - low) * u
+    flat = _flat_index(global_shape, ranges)
+    u = _uniform01(seed, 0, flat)
+    return np.asarray(low + (high - low) * u).reshape(flat.shape)  # 0-d stays 0-d (key has shape (1,))
 
 
 def block_normal(
@@ -74,7 +75,7 @@ def block_normal(
     flat = _flat_index(global_shape, ranges)
     u1 = 1.0 - _uniform01(seed, 1, flat)  # (0, 1]
     u2 = _uniform01(seed, 2, flat)
-    return mean + std * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return np.asarray(mean + std * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).reshape(flat.shape)
 
 
 def _make(
@@ -84,7 +85,7 @@ def _make(
     layout = Layout(tuple(shape), grid.dims, split)  # type: ignore[arg-type]
     fn = block_normal if kind == "normal" else block_uniform
     values = fn(layout.global_shape, layout.local_ranges(grid.coords), seed, a, b)
-    block = astype(from_numpy(np.ascontiguousarray(values), like), dtype)
+    block = astype(from_numpy(values, like), dtype)
     return DistTensor(block, grid, layout)
 
 

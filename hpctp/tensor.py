@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, is_device
+from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, dtype_kind, is_device
 from .comm import ProcessGrid, check_grid
 from .layout import Layout
 from .ops.reduce import normalize_axes, reduce_block
@@ -197,9 +197,7 @@ class DistTensor:
 
     def _is_inexact(self) -> bool:
         """Floating point or complex blocks (bool and int ones are reduced in float64)."""
-        if backend_name(self.local) == "torch":
-            return bool(self.local.dtype.is_floating_point or self.local.dtype.is_complex)
-        return np.dtype(self.dtype).kind not in "biu"
+        return dtype_kind(self.local) in "fc"
 
     def norm(self) -> DistTensor:
         """Collective over grid. Frobenius (2-) norm of the whole tensor, as a replicated 0-d tensor."""
@@ -255,10 +253,19 @@ class DistTensor:
         return int(self.item())
 
     # ------------------------------------------------------------------ elementwise (local)
+    def _place(self) -> str:
+        """Backend and memory of the block, as ``DistTensor.to`` names them."""
+        return "cuda" if self.backend == "torch" and is_device(self.local) else self.backend
+
     def _other(self, other: object, op: str) -> Any:
         if isinstance(other, DistTensor):
             if other.grid is not self.grid and other.grid.comm != self.grid.comm:
                 raise ValueError(f"'{op}' needs tensors on the same ProcessGrid")
+            if other._place() != self._place():
+                raise TypeError(
+                    f"'{op}' needs blocks of one backend, got {self._place()} and {other._place()}; "
+                    f"convert one with .to({self._place()!r})"
+                )
             if other.layout != self.layout:
                 if other.ndim == 0:
                     return other.local
@@ -308,6 +315,48 @@ class DistTensor:
 
     def __pow__(self, other: object) -> DistTensor:
         return self._binary(other, operator.pow, "**")
+
+    def __rpow__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.pow, "**", reflected=True)
+
+    def __floordiv__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.floordiv, "//")
+
+    def __rfloordiv__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.floordiv, "//", reflected=True)
+
+    def __mod__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.mod, "%")
+
+    def __rmod__(self, other: object) -> DistTensor:
+        return self._binary(other, operator.mod, "%", reflected=True)
+
+    # comparisons give boolean tensors of the same layout, as numpy and torch; operands
+    # that are neither numbers nor DistTensors are left to Python (``x == None`` is False)
+    __hash__ = None  # type: ignore[assignment]  # elementwise ==, as numpy arrays: not hashable
+
+    def _compare(self, other: object, fn: Callable[[Any, Any], Any], op: str) -> Any:
+        if not isinstance(other, (DistTensor, numbers.Number, np.generic)):
+            return NotImplemented
+        return self._binary(other, fn, op)
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return self._compare(other, operator.eq, "==")
+
+    def __ne__(self, other: object) -> Any:  # type: ignore[override]
+        return self._compare(other, operator.ne, "!=")
+
+    def __lt__(self, other: object) -> Any:
+        return self._compare(other, operator.lt, "<")
+
+    def __le__(self, other: object) -> Any:
+        return self._compare(other, operator.le, "<=")
+
+    def __gt__(self, other: object) -> Any:
+        return self._compare(other, operator.gt, ">")
+
+    def __ge__(self, other: object) -> Any:
+        return self._compare(other, operator.ge, ">=")
 
     def __matmul__(self, other: object) -> DistTensor:
         """Collective over grid. Distributed matrix product, see :func:`hpctp.linalg.matmul`."""

@@ -68,6 +68,8 @@ def test_restart_on_another_grid_shape(grid2d: hpctp.ProcessGrid, shared_dir: Pa
     for name in want_params:
         assert_equal(grid2d, got[name], want_params[name], name)
     assert_all(grid2d, opt2.param_groups[0]["lr"] == 0.05, "param_groups restored")
+    steps = [tuple(st["step"].shape) for st in opt2.state.values()]
+    assert_all(grid2d, steps == [()] * len(opt.state), f"Adam's 0-d step counters came back as {steps}")
     losses = [train_step(net2, opt2) for _ in range(2)]
     assert_allclose(grid2d, losses, want_losses, rtol=1e-12, what="next losses (Adam moments restored)")
 

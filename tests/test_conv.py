@@ -27,6 +27,8 @@ CONV2D_CASES = [
     (5, 2, 1, 2, "zeros", 2, True, True),
     (3, 2, 2, 0, "replicate", 1, True, False),
     ((3, 5), 1, 1, "same", "zeros", 1, True, True),
+    (3, 2, 1, 9, "circular", 1, False, True),  # padding = size of dim 1: torch's largest wrap
+    (3, 1, 1, 8, "reflect", 1, True, False),  # padding = size - 1 of dim 1: torch's largest reflection
 ]
 
 
@@ -181,6 +183,10 @@ def test_bad_inputs_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
     ]:
         with pytest.raises(ValueError, match=match):
             HF.conv2d(x, grid=grid2d, split=(0, 1), **kwargs)
+    n0 = 2 * grid2d.dims[0]  # global size of spatial dim 0 for 2x2 blocks
+    for mode, pad in [("reflect", n0), ("circular", n0 + 1)]:  # torch's F.pad limits, per side
+        with pytest.raises(ValueError, match=f"padding_mode='{mode}': padding \\({pad}, {pad}\\) of spatial dim 0"):
+            Conv2d(2, 2, 1, padding=(pad, 1), padding_mode=mode, grid=grid2d, seed=0, dtype=F64)(x[..., :2, :2])
     with pytest.raises(ValueError, match="in_channels=2.*not divisible by groups=4"):
         HF.conv_transpose2d(x, torch.zeros(2, 1, 3, 3, dtype=F64), groups=4, grid=grid2d, split=(0, 1))
     if grid2d.size > 1:  # a block of another ndim on one rank: every rank raises, none waits

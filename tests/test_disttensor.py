@@ -170,6 +170,9 @@ def test_from_local_validation(grid2d: hpctp.ProcessGrid) -> None:
             hpctp.from_local(np.zeros((2, 3), dtype="float32" if grid2d.rank else "float64"), grid2d, (0, 1))
         with pytest.raises(TypeError, match="numpy.ndarray"):
             hpctp.from_local([1.0] if grid2d.rank == 1 else np.zeros((1,)), grid2d, (0,) if False else None)  # type: ignore[arg-type]
+        mixed = np.zeros((2, 3)) if grid2d.rank else torch.zeros((2, 3), dtype=torch.float64)
+        with pytest.raises(ValueError, match=r"different backends \(numpy on ranks \[1.*torch on ranks \[0\]"):
+            hpctp.from_local(mixed, grid2d, (0, 1))
     with pytest.raises(ValueError, match="more than one"):
         hpctp.from_local(np.zeros((2, 3)), grid2d, (0, 0))
 
@@ -262,6 +265,21 @@ def test_zero_d_broadcasts_on_both_sides_and_foreign_byte_order(grid2d: hpctp.Pr
 
 
 @pytest.mark.mpi
+def test_zero_d_tensors_stay_zero_d(grid2d: hpctp.ProcessGrid) -> None:
+    """numpy's ascontiguousarray makes 0-d arrays 1-d: random, .to() and reductions keep shape ()."""
+    z = hpctp.random.normal((), grid2d, None, seed=3)
+    assert_equal(grid2d, z.gather(None), block_normal((), [], 3))
+    t = hpctp.random.uniform((), grid2d, (), seed=3, like="torch", dtype=torch.float32)
+    assert_equal(grid2d, t.gather(None).numpy(), block_uniform((), [], 3).astype(np.float32))
+    for like in ("torch", "numpy"):
+        y = (z.to(like) * 2).to("torch").to(like)
+        assert_equal(grid2d, tuple(y.local.shape), (), f"{like}: .to() of a 0-d block")
+        assert_allclose(grid2d, y.item(), 2 * z.item(), rtol=1e-15, what=like)
+    x = hpctp.distribute(_global((3, 2)) if grid2d.rank == 0 else None, grid2d, (0, 1)).to("torch")
+    assert_equal(grid2d, tuple(x.sum().local.shape), (), "torch full reduction")
+
+
+@pytest.mark.mpi
 def test_torch_blocks_with_any_strides_of_size_0_and_1_dims(grid2d: hpctp.ProcessGrid) -> None:
     """Contiguous torch tensors whose size-0/1 dims carry odd strides (a transposed row, an
     empty tensor from numpy) move through distribute, redistribute and gather."""
@@ -280,10 +298,34 @@ def test_elementwise(grid2d: hpctp.ProcessGrid) -> None:
         "x+y": (x + y, a + b), "x-y": (x - y, a - b), "x*y": (x * y, a * b), "x/y": (x / y, a / b),
         "2+x": (2 + x, 2 + a), "2-x": (2 - x, 2 - a), "x*3": (x * 3, a * 3), "1/y": (1 / y, 1 / b),
         "x**2": (x**2, a**2), "-x": (-x, -a), "abs": (abs(x), abs(a)), "np.float": (np.float64(2) * x, 2 * a),
-        "x*sum": (x * x.sum(), a * a.sum()),
+        "x*sum": (x * x.sum(), a * a.sum()), "2**x": (2**x, 2**a), "x//y": (x // y, a // b),
+        "x%y": (x % y, a % b), "7//x": (7 // x, 7 // a), "7%y": (7 % y, 7 % b),
     }  # fmt: skip
     for name, (got, ref) in cases.items():
         assert_allclose(grid2d, got.gather(None), ref, rtol=1e-14, what=name)
+
+
+@pytest.mark.mpi
+def test_comparisons_give_boolean_tensors(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global((5, 4))
+    b = np.where(np.arange(20).reshape(5, 4) % 3 == 0, a, -a)
+    for like in ("numpy", "torch"):
+        x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1)).to(like)
+        y = hpctp.distribute(b if grid2d.rank == 0 else None, grid2d, (0, 1)).to(like)
+        cases = {
+            "x<y": (x < y, a < b), "x<=y": (x <= y, a <= b), "x>y": (x > y, a > b), "x>=y": (x >= y, a >= b),
+            "x==y": (x == y, a == b), "x!=y": (x != y, a != b), "x<0": (x < 0, a < 0), "0<x": (0 < x, 0 < a),
+            "np.float==x": (np.float64(-0.5) == x, a == -0.5), "x>sum": (x > x.sum() / 40, a > a.sum() / 40),
+            "sum>=x": (x.sum() / 40 >= x, a.sum() / 40 >= a),
+        }  # fmt: skip
+        for name, (got, ref) in cases.items():
+            assert_equal(grid2d, got.gather(None), ref, what=f"{like} {name}")  # strict: bool dtype too
+            assert_all(grid2d, got.layout == x.layout, f"{like} {name}: layout {got.layout}")
+        assert_all(grid2d, (x == None) is False and (x != "a") is True, "non-numbers compare by identity")  # noqa: E711
+        with pytest.raises(TypeError, match="not supported"):
+            _ = x < "a"  # type: ignore[operator]
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(x)
 
 
 @pytest.mark.mpi
@@ -294,6 +336,10 @@ def test_bad_input_raises_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
         x + y
     with pytest.raises(TypeError, match="unsupported operand"):
         x + "a"  # type: ignore[operator]
+    with pytest.raises(TypeError, match=r"one backend, got numpy and torch; convert one with .to\('numpy'\)"):
+        x + x.to("torch")
+    with pytest.raises(TypeError, match="one backend"):
+        x.sum().to("torch") * x
     with pytest.raises(ValueError, match="out of range"):
         hpctp.distribute(np.zeros((4, 4)) if grid2d.rank == 0 else None, grid2d, (0, 2))
     with pytest.raises(ValueError, match="more than one tensor dim"):

@@ -60,6 +60,10 @@ def test_pool_bad_arguments(grid2d: hpctp.ProcessGrid) -> None:
         MaxPool2d(2, 2, 2, grid=grid2d)(torch.zeros(1, 1, 4, 4))
     with pytest.raises(ValueError, match="at most half of the kernel size"):  # as torch, dilation or not
         MaxPool2d(3, 1, 2, dilation=2, grid=grid2d)(torch.zeros(1, 1, 8, 8))
+    # kernel 2 dilated over n + 1 cells, padding 1: the one window holds cells -1 and n, both padding
+    n1 = grid2d.dims[1]  # 1-cell blocks
+    with pytest.raises(ValueError, match="spatial dim 1: max-pooling window 0 covers only padding"):
+        MaxPool2d((1, 2), 1, (0, 1), dilation=(1, n1 + 1), grid=grid2d)(torch.zeros(1, 1, 1, 1))
     with pytest.raises(ValueError, match="divisor_override"):
         AvgPool2d(2, divisor_override=0, grid=grid2d)(torch.zeros(1, 1, 4, 4))
     with pytest.raises(ValueError, match="too small"):

@@ -43,3 +43,11 @@ def test_distribution_moments_and_seed_dependence() -> None:
 def test_bad_seed(seed: object) -> None:
     with pytest.raises(ValueError, match="seed"):
         block_normal((3,), [(0, 3)], seed)  # type: ignore[arg-type]
+
+
+def test_zero_d_box_is_zero_d() -> None:
+    """A 0-d tensor's box is 0-d (not shape (1,)), with the value of the 1-element tensor."""
+    for fn in (block_normal, block_uniform):
+        z = fn((), [], 11)
+        assert isinstance(z, np.ndarray) and z.shape == () and z.dtype == np.float64
+        assert z == fn((1,), [(0, 1)], 11)[0]

@@ -65,7 +65,7 @@ def storable(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return np.ascontiguousarray(t.cpu().resolve_conj().numpy())
+    return np.asarray(t.cpu().resolve_conj().numpy(), order="C")  # 0-d stays 0-d
 
 
 def file_dtype(torch_dtype: str) -> np.dtype:

@@ -366,12 +366,12 @@ def save_hdf5(
     def prepare(f: h5py.File) -> None:
         ds = create_dataset(f, name, layout.global_shape, stored, chunk_spec, compression, compression_opts, attrs)
         if scalar is not None:  # a 0-d tensor is replicated; rank 0 writes it while laying out the file
-            ds.write_direct(np.ascontiguousarray(scalar))  # (an MPI-IO write to a scalar dataspace hangs)
+            ds.write_direct(np.asarray(scalar, order="C"))  # (an MPI-IO write to a scalar dataspace hangs)
 
     write = None
     coords = grid.coords
     if layout.ndim > 0 and layout.is_primary(coords) and math.prod(layout.local_shape(coords)) > 0:
-        block = np.ascontiguousarray(to_numpy(x.local))
+        block = np.asarray(to_numpy(x.local), order="C")
 
         def write(f: h5py.File) -> None:
             f[name].write_direct(block, dest_sel=layout.local_slices(coords))

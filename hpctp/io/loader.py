@@ -72,7 +72,7 @@ class FieldLoader:
             for name, v, lo in (("batch_size", batch_size, 1), ("seed", seed, 0), ("prefetch", prefetch, 0)):
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-            samples = zlib.crc32(np.ascontiguousarray(dataset.samples, dtype=np.int64).tobytes())
+            samples = zlib.crc32(np.asarray(dataset.samples, dtype=np.int64, order="C").tobytes())
             values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), samples]
         except ValueError as e:
             error = e

@@ -17,6 +17,7 @@ needs about the memory of torch on its block.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -327,6 +328,7 @@ def conv(
         pads = [(p, p) for p in ntuple(padding, nd, "padding", 0)]
     specs = []
     for d in range(nd):
+        _check_padding_mode(padding_mode, pads[d], layout.global_shape[d + 2], d)
         ext = dil[d] * (k[d] - 1) + 1
         n = layout.global_shape[d + 2] + pads[d][0] + pads[d][1] - ext
         if n < 0:
@@ -392,6 +394,12 @@ def pool(
         out = num // s[d] + 1
         if ceil_mode and (out - 1) * s[d] >= n + p[d]:
             out -= 1
+        if kind == "max" and (empty := _padding_only_window(n, k[d], s[d], p[d], dil[d], out)) is not None:
+            raise ValueError(
+                f"spatial dim {d}: max-pooling window {empty} covers only padding (input size {n}, kernel_size "
+                f"{k[d]}, stride {s[d]}, padding {p[d]}, dilation {dil[d]}); torch gives -inf there and its "
+                f"backward writes out of bounds. Use less padding or dilation"
+            )
         specs.append((ext, s[d], p[d], p[d], out))
     if kind == "max":
         fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
@@ -419,6 +427,28 @@ def pool(
             return afn(inp, k, s, pad, ceil_mode, True, 1) / div[(slice(None), slice(None), *box)]  # type: ignore[misc]
 
     return windowed(x, layout, grid, specs, ["zero"] * nd, 0.0, layout.global_shape[1], aop, overlap, [])
+
+
+def _check_padding_mode(mode: str, pad: tuple[int, int], n: int, d: int) -> None:
+    """torch's limits for padded convolutions: a reflection needs padding < size, a wrap padding <= size.
+
+    (:func:`~hpctp.nn.functional.halo_pad` goes beyond them, as ``numpy.pad``; the layers agree with torch.)
+    """
+    p = max(pad)
+    if (mode == "reflect" and 0 < p and p >= n) or (mode == "circular" and p > n):
+        need = "smaller than" if mode == "reflect" else "at most"
+        raise ValueError(
+            f"padding_mode={mode!r}: padding {pad} of spatial dim {d} must be {need} its size {n} (as in torch); "
+            f"use less padding or padding_mode='zeros'/'replicate'"
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _padding_only_window(n: int, k: int, s: int, p: int, dil: int, out: int) -> int | None:
+    """Index of the first of ``out`` pooling windows without an input cell (None if all have one)."""
+    pos = (np.arange(out) * s - p)[:, None] + np.arange(k) * dil
+    empty = np.flatnonzero(~((pos >= 0) & (pos < n)).any(axis=1))
+    return int(empty[0]) if empty.size else None
 
 
 def _divisor(

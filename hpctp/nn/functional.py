@@ -70,7 +70,9 @@ def halo_pad(
     The result is ``x`` widened by ``width`` cells per side: inside the global index range
     the cells hold the neighbours' values (faces, edges and corners; from any rank when a
     width exceeds a neighbour's block), outside they follow ``boundary``. On a single
-    rank this is ``torch.nn.functional.pad`` with mode constant/circular/reflect/replicate.
+    rank this is ``torch.nn.functional.pad`` with mode constant/circular/reflect/replicate;
+    widths beyond torch's limits (a reflection of ``n`` or more cells, a wrap of more than
+    ``n``) repeat the pattern, as ``numpy.pad`` does.
     The backward is the adjoint: ghost-cell gradients are sent to their owners and summed.
 
     Parameters
@@ -211,7 +213,8 @@ def conv2d(
     Raises
     ------
     ValueError
-        On every rank: wrong dims, split or channels, an output size < 1.
+        On every rank: wrong dims, split or channels, an output size < 1, or padding
+        beyond torch's limits for ``padding_mode`` ("reflect": < size, "circular": <= size).
     """
     return _conv(2, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
 

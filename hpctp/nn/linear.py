@@ -85,7 +85,7 @@ def init_block(
         Contiguous block of shape ``layout.local_shape(coords)``.
     """
     vals = block_uniform(layout.global_shape, layout.local_ranges(coords), seed, -bound, bound)
-    return torch.from_numpy(np.ascontiguousarray(vals)).to(dtype=dtype, device=device)
+    return torch.from_numpy(np.asarray(vals, order="C")).to(dtype=dtype, device=device)
 
 
 def _bias_seed(seed: int) -> int:

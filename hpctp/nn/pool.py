@@ -33,7 +33,8 @@ _DOC = """Collective over grid. ``torch.nn.{name}`` on a field cut over ``grid``
     Raises
     ------
     ValueError
-        On every rank: bad split, wrong input dims, too-large padding, ``return_indices``.
+        On every rank: bad split, wrong input dims, too-large padding, a max-pooling window
+        that covers only padding (dilation over a small input), ``return_indices``.
     """
 
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, as_contiguous, backend_name, is_torch, is_torch_dtype
+from ..backend import Array, as_contiguous, backend_name, dtype_kind, is_torch, is_torch_dtype
 from ..comm import ProcessGrid
 from ..layout import Layout
 
@@ -64,12 +64,6 @@ def _identity(op: str, dtype: object) -> object:
         info = np.iinfo(dt)
         return info.min if op == "max" else info.max
     raise TypeError(f"{op} is not defined for dtype {dt}")
-
-
-def _is_complex(x: Array) -> bool:
-    if is_torch(x):
-        return bool(x.dtype.is_complex)
-    return np.dtype(x.dtype).kind == "c"
 
 
 def _bool_as_uint8(x: Array) -> Array:
@@ -138,7 +132,7 @@ def reduce_block(
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {REDUCTIONS}, got {op!r}")
     axes = normalize_axes(axis, layout.ndim)
-    if op != "sum" and _is_complex(local):  # the dtype is the same on every rank: all raise
+    if op != "sum" and dtype_kind(local) == "c":  # the dtype is the same on every rank: all raise
         raise TypeError(f"{op} of a complex tensor is not defined (no ordering); reduce abs(x) or x.real instead")
     red = as_contiguous(_local_reduce(local, op, axes))
     wire = _bool_as_uint8(red)  # MPI has no MAX/MIN for booleans; 0/1 bytes order the same way
