@@ -10,6 +10,7 @@ import torch
 from test_conv_common import compare_layer, global_field, make_layout
 
 import hpctp
+from hpctp.layout import Layout
 from hpctp.nn import functional as HF
 from hpctp.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from hpctp.nn.pool import MaxPool2d
@@ -189,6 +190,14 @@ def test_bad_inputs_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
             Conv2d(2, 2, 1, padding=(pad, 1), padding_mode=mode, grid=grid2d, seed=0, dtype=F64)(x[..., :2, :2])
     with pytest.raises(ValueError, match="in_channels=2.*not divisible by groups=4"):
         HF.conv_transpose2d(x, torch.zeros(2, 1, 3, 3, dtype=F64), groups=4, grid=grid2d, split=(0, 1))
+    if grid2d.size > 1:  # a plain block unlike `layout` on the last rank only: every rank raises
+        lay = Layout((1, 2, 2 * grid2d.dims[0], 2 * grid2d.dims[1]), grid2d.dims, (None, None, 0, 1))
+        blk = torch.zeros(1, 2, 2, 3 if grid2d.rank == grid2d.size - 1 else 2, dtype=F64)
+        for fn in (HF.max_pool2d, HF.avg_pool2d):
+            with pytest.raises(ValueError, match="block has shape"):
+                fn(blk, 2, grid=grid2d, split=(0, 1), layout=lay)
+        with pytest.raises(ValueError, match="block has shape"):
+            HF.conv2d(blk, torch.zeros(2, 2, 3, 3, dtype=F64), grid=grid2d, split=(0, 1), layout=lay)
     if grid2d.size > 1:  # a block of another ndim on one rank: every rank raises, none waits
         with pytest.raises(ValueError, match="dims"):
             conv(torch.zeros(2, 5, 5, dtype=F64) if grid2d.rank == 0 else torch.zeros(1, 2, 5, 5, dtype=F64))

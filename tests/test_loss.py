@@ -8,7 +8,7 @@ import torch
 import hpctp
 from hpctp.layout import Layout
 from hpctp.nn import loss as L
-from hpctp.testing import assert_allclose
+from hpctp.testing import assert_all, assert_allclose
 
 F64 = torch.float64
 
@@ -102,8 +102,30 @@ def test_bad_inputs_raise_everywhere(grid2d) -> None:  # type: ignore[no-untyped
         L.global_mean(p, grid2d.comm)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not an axis"):
         L.global_sum(p, grid2d, axes=(5,))
+    if grid2d.size > 1:  # wrong on the last rank only: every rank raises, none waits
+        last = grid2d.rank == grid2d.size - 1
+        with pytest.raises(ValueError, match=r"same batch size on every rank, got \[2, 3\]"):
+            L.relative_l2_error(
+                torch.zeros(3 if last else 2, 3, dtype=F64), torch.ones(3 if last else 2, 3), grid2d, per_sample=True
+            )
+        with pytest.raises((TypeError, ValueError), match="torch.Tensor|invalid input"):
+            L.global_mse_loss(p, p.numpy() if last else p, grid2d)  # type: ignore[arg-type]
+        with pytest.raises((TypeError, ValueError), match="torch.Tensor|invalid input"):
+            L.global_sum(None if last else p, grid2d)  # type: ignore[arg-type]
     # the collective still works afterwards
     assert_allclose(grid2d, L.global_sum(torch.ones(2, dtype=F64), grid2d), torch.tensor(2.0 * grid2d.size))
+
+
+@pytest.mark.mpi
+def test_integer_and_bool_reductions(grid2d) -> None:  # type: ignore[no-untyped-def]
+    """Sums of bool/int blocks are int64 (as torch.sum); means of them are float64 (torch refuses)."""
+    b = torch.tensor([True, True, False])
+    i = torch.tensor([1, 2], dtype=torch.int8)
+    s, m = L.global_sum(b, grid2d), L.global_mean(i, grid2d)
+    assert_all(grid2d, s.dtype == torch.int64 and int(s) == 2 * grid2d.size, f"bool sum {s}")
+    assert_all(grid2d, m.dtype == torch.float64 and float(m) == 1.5, f"int mean {m}")
+    big = L.global_sum(torch.full((3,), 100, dtype=torch.int8), grid2d)  # 300 * size overflows int8
+    assert_all(grid2d, int(big) == 300 * grid2d.size, f"int8 sum {big}")
 
 
 def test_single_rank_grid_is_local() -> None:

@@ -168,6 +168,32 @@ def test_bad_inputs(grid2d) -> None:  # type: ignore[no-untyped-def]
     layout = Layout((1, 3, 1, 1), grid2d.dims, (None, None, 0, 1))
     with pytest.raises(ValueError, match="more than 1 value"):
         bn(torch.zeros(layout.local_shape(grid2d.coords), dtype=F64))
+    if grid2d.size > 1:  # a bad block on the last rank only: every rank raises, none waits in the statistics
+        last = grid2d.rank == grid2d.size - 1
+        for layer in (bn, N.GroupNorm(3, 3, grid=grid2d, split=(0, 1), dtype=F64)):
+            with pytest.raises(ValueError, match="channels|shape"):
+                layer(torch.zeros(2, 4 if last else 3, 2, 2, dtype=F64))
+    dx = hpctp.zeros((2, 3, 4, 4), grid2d, (None, None, 1, 0), like="torch")  # split unlike the layers'
+    for layer in (bn, N.GroupNorm(3, 3, grid=grid2d, split=(0, 1), dtype=F64)):
+        with pytest.raises(ValueError, match=r"input split \(None, None, 1, 0\) differs from the layer's split"):
+            layer(dx)
+
+
+@pytest.mark.mpi
+def test_low_precision_and_empty_batch_as_torch(grid2d) -> None:  # type: ignore[no-untyped-def]
+    """bf16 input with float32 parameters gives bf16 (train and eval); GroupNorm of N=0 is empty."""
+    shape = (2, 3, 4, 5)
+    layout = Layout(shape, grid2d.dims, (None, None, 0, 1))
+    x = field(shape, 3).to(torch.bfloat16)
+    for layer in (N.BatchNorm2d(3, grid=grid2d), N.GroupNorm(3, 3, grid=grid2d)):
+        for train in (True, False):
+            y = layer.train(train)(block(x, grid2d, layout))
+            assert_all(grid2d, y.dtype == torch.bfloat16, f"{type(layer).__name__} train={train}: {y.dtype}")
+    gn, ref = N.GroupNorm(3, 3, grid=grid2d, dtype=F64), torch.nn.GroupNorm(3, 3, dtype=F64)
+    e = torch.zeros(0, 3, 2, 2, dtype=F64, requires_grad=True)
+    y = gn(e)
+    y.sum().backward()
+    assert_all(grid2d, y.shape == ref(e).shape and e.grad is not None and e.grad.shape == e.shape, "empty batch")
 
 
 @pytest.mark.mpi

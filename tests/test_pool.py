@@ -64,6 +64,8 @@ def test_pool_bad_arguments(grid2d: hpctp.ProcessGrid) -> None:
     n1 = grid2d.dims[1]  # 1-cell blocks
     with pytest.raises(ValueError, match="spatial dim 1: max-pooling window 0 covers only padding"):
         MaxPool2d((1, 2), 1, (0, 1), dilation=(1, n1 + 1), grid=grid2d)(torch.zeros(1, 1, 1, 1))
+    with pytest.raises(ValueError, match="spatial dim 2: input size 1 is smaller than kernel_size 3"):
+        AvgPool3d(3, 1, 1, grid=grid2d)(torch.zeros(1, 1, 3, 3, 1))  # torch's avg_pool3d rule
     with pytest.raises(ValueError, match="divisor_override"):
         AvgPool2d(2, divisor_override=0, grid=grid2d)(torch.zeros(1, 1, 4, 4))
     with pytest.raises(ValueError, match="too small"):

@@ -130,3 +130,15 @@ def test_bad_arguments(grid2d) -> None:  # type: ignore[no-untyped-def]
     layout = Layout((1, 1, 8, 8), grid2d.dims, (None, None, 0, 1))
     with pytest.raises(ValueError, match="does not describe"):
         Upsample(2, grid=grid2d)(torch.zeros(1, 1, 9, 9, dtype=F64), layout=layout)
+    if grid2d.size > 1:  # a bad block on the last rank only: every rank raises before the halo messages
+        last = grid2d.rank == grid2d.size - 1
+        for bad in (torch.zeros(1, 2, 2, dtype=F64), torch.zeros(1, 1, 2, 2, 2, dtype=F64)):
+            with pytest.raises(ValueError, match="spatial|dims"):
+                Upsample(2, "bilinear", grid=grid2d)(bad if last else torch.zeros(1, 1, 2, 2, dtype=F64))
+        with pytest.raises(ValueError, match="does not describe"):
+            blk = (
+                torch.zeros(1, 1, 3, 4, dtype=F64)
+                if last
+                else torch.zeros(layout.local_shape(grid2d.coords), dtype=F64)
+            )
+            Upsample(2, "bilinear", grid=grid2d, balanced=True)(blk, layout=layout)

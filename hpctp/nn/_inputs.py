@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .. import comm as C
 from ..comm import ProcessGrid
 from ..halo.infer import infer_layout
 from ..layout import Layout
@@ -15,15 +16,26 @@ from . import _window as W
 __all__ = ["finish", "prepare", "resolve_layout"]
 
 
-def resolve_layout(x: torch.Tensor, grid: ProcessGrid, split: tuple[int | None, ...], layout: Layout | None) -> Layout:
-    """Collective over grid when ``layout`` is None (inferred), else local validation."""
+def resolve_layout(
+    x: torch.Tensor, grid: ProcessGrid, split: tuple[int | None, ...], layout: Layout | None,
+    error: Exception | None = None,
+) -> Layout:  # fmt: skip
+    """Collective over grid. ``layout`` inferred when None, else checked against the block on
+    every rank (a block that does not match on one rank raises everywhere: none is left waiting);
+    ``error``, a failed earlier local check, is raised the same way."""
     if layout is None:
         return infer_layout(tuple(x.shape), grid, split)
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
-    if layout.split != split:
-        raise ValueError(f"layout {layout} does not match split={split}")
-    layout.check_block(x.shape, grid.dims, grid.coords, f"rank {grid.rank}: block")
+    try:
+        if error is not None:
+            raise error
+        if not isinstance(layout, Layout):
+            raise TypeError(f"layout must be a hpctp.layout.Layout, got {type(layout).__name__}")
+        if layout.split != split:
+            raise ValueError(f"layout {layout} does not match split={split}")
+        layout.check_block(x.shape, grid.dims, grid.coords, f"rank {grid.rank}: block")
+    except (TypeError, ValueError) as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
     return layout
 
 
@@ -52,13 +64,14 @@ def prepare(
             if local.ndim != nd + 2:
                 raise _wrong_ndim(local, nd) from None
             raise
-    if local.ndim != nd + 2:
-        raise _wrong_ndim(local, nd)
     if wrapped:
+        if local.ndim != nd + 2:  # the layout is global: every rank raises
+            raise _wrong_ndim(local, nd)
         if lay.split != sp:
             raise ValueError(f"input split {lay.split} differs from the layer's split {sp}; redistribute first")
         return local, lay, wrapped
-    return local, resolve_layout(local, grid, sp, lay), wrapped
+    error = _wrong_ndim(local, nd) if local.ndim != nd + 2 else None
+    return local, resolve_layout(local, grid, sp, lay, error), wrapped
 
 
 def _wrong_ndim(local: torch.Tensor, nd: int) -> ValueError:

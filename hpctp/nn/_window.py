@@ -388,6 +388,10 @@ def pool(
         if 2 * p[d] > k[d]:  # as torch: half the kernel size, dilation or not
             raise ValueError(f"pad should be at most half of the kernel size, got padding={p}, kernel_size={k}")
         n = layout.global_shape[d + 2]
+        if kind == "avg" and nd == 3 and n < k[d]:  # torch's avg_pool3d rule (padding not counted)
+            raise ValueError(
+                f"spatial dim {d}: input size {n} is smaller than kernel_size {k[d]} (as torch's avg_pool3d)"
+            )
         num = n + 2 * p[d] - ext + (s[d] - 1 if ceil_mode else 0)
         if num < 0:
             raise ValueError(f"spatial dim {d}: input size {n} is too small for pooling with kernel extent {ext}")

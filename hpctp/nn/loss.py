@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .. import comm as C
 from ..comm import ProcessGrid
 from .autograd_comm import AllReduceSum, check_grid, comms_for_axes
 
@@ -22,21 +23,30 @@ __all__ = ["global_sum", "global_mean", "global_mse_loss", "global_l1_loss", "re
 _REDUCTIONS = ("mean", "sum")
 
 
-def _check_tensor(x: object, what: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    return x
+def _type_error(what: str, *xs: object) -> TypeError | None:
+    """A TypeError for the first argument that is not a tensor (flagged in the all-reduce, not raised)."""
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.Tensor):
+            name = what.split(", ")[i] if ", " in what else what
+            return TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return None
+
+
+def _device(*xs: object) -> torch.device:
+    return next((x.device for x in xs if isinstance(x, torch.Tensor)), torch.device("cpu"))
 
 
 def _reduce(
     terms: Callable[[], list[torch.Tensor]],
     nterms: int,
-    local_error: str | None,
+    local_error: str | Exception | None,
     grid: ProcessGrid,
     axes: Sequence[int] | None,
     device: torch.device,
 ) -> torch.Tensor:
-    """All-reduce ``[*terms(), error_flag]`` in float64; raise everywhere if any rank flagged."""
+    """All-reduce ``[*terms(), error_flag]`` in float64; raise everywhere if any rank flagged.
+
+    ``nterms`` must be the same on every rank (it sizes the message)."""
     comms = comms_for_axes(grid, axes)
     if local_error is None:
         vals = [t.reshape(-1).to(torch.float64) for t in terms()]
@@ -47,6 +57,8 @@ def _reduce(
     total = AllReduceSum.apply(torch.cat(vals + [flag]), comms)
     bad = int(total[-1].item())
     if bad:
+        if isinstance(local_error, Exception):
+            raise local_error
         if local_error is not None:
             raise ValueError(local_error)
         raise ValueError(f"invalid input on {bad} other rank(s) of the grid (see their error)")
@@ -78,16 +90,20 @@ def global_sum(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | N
     Returns
     -------
     torch.Tensor
-        0-d tensor of ``x_local.dtype``; differentiable (gradient of ones on every block).
+        0-d tensor of the dtype of ``torch.sum`` (int64 for bool and integer blocks; the
+        sum is exact up to 2**53); differentiable (gradient of ones on every block).
 
     Raises
     ------
     TypeError
-        If ``x_local`` is not a tensor or ``grid`` not a ProcessGrid.
+        If ``x_local`` is not a tensor on any rank (raised on every rank) or ``grid`` not a
+        ProcessGrid.
     """
     check_grid(grid)
-    x = _check_tensor(x_local, "x_local")
-    return _reduce(lambda: [x.sum()], 1, None, grid, axes, x.device)[0].to(x.dtype)
+    x = x_local
+    err = _type_error("x_local", x)
+    total = _reduce(lambda: [x.sum()], 1, err, grid, axes, _device(x))[0]
+    return total.to(x.sum().dtype if x.is_floating_point() or x.is_complex() else torch.int64)
 
 
 def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
@@ -103,12 +119,19 @@ def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | 
     Returns
     -------
     torch.Tensor
-        0-d tensor of ``x_local.dtype`` (NaN for an empty global tensor, as torch).
+        0-d tensor of ``x_local.dtype``, float64 for bool and integer blocks (torch refuses
+        them; this is ``DistTensor.mean``'s rule); NaN for an empty global tensor, as torch.
+
+    Raises
+    ------
+    TypeError
+        If ``x_local`` is not a tensor on any rank (raised on every rank).
     """
     check_grid(grid)
-    x = _check_tensor(x_local, "x_local")
-    s, n = _reduce(lambda: [x.sum(), _count(x)], 2, None, grid, axes, x.device)
-    return (s / n).to(x.dtype)
+    x = x_local
+    err = _type_error("x_local", x)
+    s, n = _reduce(lambda: [x.sum(), _count(x)], 2, err, grid, axes, _device(x))
+    return (s / n).to(x.dtype if x.is_floating_point() or x.is_complex() else torch.float64)
 
 
 def _pointwise_loss(
@@ -120,12 +143,10 @@ def _pointwise_loss(
     reduction: str,
 ) -> torch.Tensor:
     check_grid(grid)
-    _check_tensor(pred, "pred_local")
-    _check_tensor(target, "target_local")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    err = _pair_error(pred, target)
-    s, n = _reduce(lambda: [fn(pred, target).sum(), _count(pred)], 2, err, grid, axes, pred.device)
+    err = _type_error("pred_local, target_local", pred, target) or _pair_error(pred, target)
+    s, n = _reduce(lambda: [fn(pred, target).sum(), _count(pred)], 2, err, grid, axes, _device(pred, target))
     out = s / n if reduction == "mean" else s
     return out.to(torch.promote_types(pred.dtype, target.dtype))
 
@@ -227,13 +248,16 @@ def relative_l2_error(
         If the blocks' shapes differ on any rank (raised on every rank).
     """
     check_grid(grid)
-    _check_tensor(pred, "pred")
-    _check_tensor(target, "target")
-    err = _pair_error(pred, target)
+    err = _type_error("pred, target", pred, target) or _pair_error(pred, target)
+    dev = _device(pred, target)
     if per_sample:
         if err is None and pred.dim() == 0:
             err = "per_sample=True needs blocks with a batch dim"
-        n = pred.shape[0] if pred.dim() else 1
+        n = pred.shape[0] if err is None else -1
+        sizes = sorted(set(C.allgather_ints(grid.comm, [n])[:, 0].tolist()))  # n sizes the message
+        if -1 not in sizes and len(sizes) > 1:
+            raise ValueError(f"per_sample=True needs the same batch size on every rank, got {sizes}")
+        n = max(sizes[-1], 0)
 
         def terms() -> list[torch.Tensor]:
             dims = tuple(range(1, pred.dim()))
@@ -241,9 +265,9 @@ def relative_l2_error(
             t = (target**2).sum(dims) if dims else target**2
             return [d, t]
 
-        s = _reduce(terms, 2 * n, err, grid, axes, pred.device)
+        s = _reduce(terms, 2 * n, err, grid, axes, dev)
         out = (torch.sqrt(s[:n]) / torch.sqrt(s[n:])).mean()
     else:
-        s = _reduce(lambda: [((pred - target) ** 2).sum(), (target**2).sum()], 2, err, grid, axes, pred.device)
+        s = _reduce(lambda: [((pred - target) ** 2).sum(), (target**2).sum()], 2, err, grid, axes, dev)
         out = torch.sqrt(s[0]) / torch.sqrt(s[1])
     return out.to(torch.promote_types(pred.dtype, target.dtype))

@@ -71,7 +71,7 @@ def field_axes(grid: ProcessGrid, split: object, n_spatial: int) -> tuple[tuple[
     return sp, tuple(sorted(g for g in sp if g is not None))
 
 
-def unwrap_block(x: Any, grid: ProcessGrid) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+def unwrap_block(x: Any, grid: ProcessGrid, split: object = ...) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
     """Local. The torch block of ``x`` and a function giving the result the same kind.
 
     A plain tensor is returned as is (identity wrap); a :class:`~hpctp.DistTensor` yields
@@ -82,7 +82,8 @@ def unwrap_block(x: Any, grid: ProcessGrid) -> tuple[torch.Tensor, Callable[[tor
     TypeError
         If ``x`` is neither a tensor nor a DistTensor with a torch block.
     ValueError
-        If the DistTensor lives on a grid of other dims.
+        If the DistTensor lives on a grid of other dims, or (when the layer's spatial
+        ``split`` is given, as for :func:`field_axes`) its layout splits other dims.
     """
     if isinstance(x, torch.Tensor):
         return x, lambda y: y
@@ -91,6 +92,13 @@ def unwrap_block(x: Any, grid: ProcessGrid) -> tuple[torch.Tensor, Callable[[tor
             raise TypeError("DistTensor inputs of nn layers need a torch local block (use .to('torch'))")
         if x.grid.dims != grid.dims:
             raise ValueError(f"input lives on grid dims {x.grid.dims}, the layer on {grid.dims}")
+        if split is not ...:
+            want = (None, None) + field_axes(grid, split, x.ndim - 2)[0]
+            if x.layout.split != want:
+                raise ValueError(
+                    f"input split {x.layout.split} differs from the layer's split {want}; "
+                    f"call x.redistribute({want}) first"
+                )
         layout = x.layout
         return x.local, lambda y: DistTensor(y, x.grid, layout)
     raise TypeError(f"input must be a torch.Tensor block or a DistTensor, got {type(x).__name__}")
@@ -270,13 +278,21 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             On a wrong number of dims or channels, or (training) a global field with one
             value per channel.
         """
-        x, wrap = unwrap_block(x, self.grid)
-        self._check_input_dim(x)
+        x, wrap = unwrap_block(x, self.grid, self.split)
+        use_batch = self.training or self.running_mean is None
+        try:
+            self._check_input_dim(x)
+            error = None
+        except ValueError as e:
+            error = e
+        if use_batch:  # agree before the statistics messages: a bad block on one rank raises everywhere
+            C.raise_if_any(self.grid.comm, error)
+        elif error is not None:  # eval with running statistics: purely local
+            raise error
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-        use_batch = self.training or self.running_mean is None
         if not use_batch:
             return wrap(
                 torch.nn.functional.batch_norm(
@@ -297,8 +313,8 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
                 rm.mul_(1 - factor).add_(mean.reshape(-1).to(rm.dtype), alpha=factor)
                 rv.mul_(1 - factor).add_(unbiased.to(rv.dtype), alpha=factor)
         xhat = _Normalize.apply(x, mean, torch.rsqrt(var + self.eps), count, dims, self._comms)
-        if self.weight is not None:
-            xhat = xhat * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())
+        if self.weight is not None:  # in x's dtype, as torch (bf16 input, float32 parameters: bf16)
+            xhat = (xhat * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())).to(x.dtype)
         return wrap(xhat)
 
     def extra_repr(self) -> str:
@@ -448,18 +464,26 @@ class GroupNorm(torch.nn.GroupNorm):
         ValueError
             On a wrong number of dims or channels, or a split that does not fit the block.
         """
-        x, wrap = unwrap_block(x, self.grid)
-        if x.dim() < 3 or x.shape[1] != self.num_channels:
-            raise ValueError(f"expected a block [N, {self.num_channels}, *spatial], got shape {tuple(x.shape)}")
-        _, axes = field_axes(self.grid, self.split, x.dim() - 2)
+        error: Exception | None = None
+        try:
+            x, wrap = unwrap_block(x, self.grid, self.split)
+            if x.dim() < 3 or x.shape[1] != self.num_channels:
+                raise ValueError(f"expected a block [N, {self.num_channels}, *spatial], got shape {tuple(x.shape)}")
+            _, axes = field_axes(self.grid, self.split, x.dim() - 2)
+        except (TypeError, ValueError) as e:
+            error = e
+        C.raise_if_any(self.grid.comm, error)  # before the statistics messages: every rank raises
         n, c = x.shape[0], x.shape[1]
         g = self.num_groups
-        xv = x.reshape((n, g, c // g) + tuple(x.shape[2:]))
-        dims = tuple(range(2, xv.dim()))
-        y, _, _, _ = normalize(xv, dims, comms_for_axes(self.grid, axes), self.eps)
-        y = y.reshape(x.shape)
-        if self.weight is not None:
-            y = y * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())
+        if n == 0:  # no sample, no group to normalise (torch returns the empty block)
+            y = x * 1.0
+        else:
+            xv = x.reshape((n, g, c // g) + tuple(x.shape[2:]))
+            dims = tuple(range(2, xv.dim()))
+            y, _, _, _ = normalize(xv, dims, comms_for_axes(self.grid, axes), self.eps)
+            y = y.reshape(x.shape)
+        if self.weight is not None:  # in x's dtype, as torch
+            y = (y * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())).to(x.dtype)
         return wrap(y)
 
     def extra_repr(self) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import comm as C
 from ..comm import ProcessGrid
 from ..halo.infer import infer_layout
 from ..layout import Layout
@@ -248,13 +249,24 @@ class Upsample(torch.nn.Module):
         """
         local, _ = unwrap_block(x, self.grid)
         lay = layout if isinstance(x, torch.Tensor) else x.layout
-        if local.dim() < 3:
-            raise ValueError(f"expected a block [N, C, *spatial], got {local.dim()} dims")
-        split, scales = self._resolve(local.dim() - 2)
-        full = (None, None) + split
-        if lay is not None and (lay.split != full or lay.local_shape(self.grid.coords) != tuple(local.shape)):
-            raise ValueError(f"layout {lay} does not describe this block (split {full}, shape {tuple(local.shape)})")
-        if lay is None and (self.balanced or self.mode in _LINEAR):
+        collective = self.balanced or self.mode in _LINEAR
+        error: Exception | None = None
+        try:
+            if local.dim() < 3:
+                raise ValueError(f"expected a block [N, C, *spatial], got {local.dim()} dims")
+            split, scales = self._resolve(local.dim() - 2)
+            full = (None, None) + split
+            if lay is not None and (lay.split != full or lay.local_shape(self.grid.coords) != tuple(local.shape)):
+                raise ValueError(
+                    f"layout {lay} does not describe this block (split {full}, shape {tuple(local.shape)})"
+                )
+        except ValueError as e:
+            error = e
+        if collective:  # agree before the halo / redistribution messages: a bad block on one rank raises everywhere
+            C.raise_if_any(self.grid.comm, error)
+        elif error is not None:  # nearest, unbalanced: purely local
+            raise error
+        if lay is None and collective:
             lay = infer_layout(tuple(local.shape), self.grid, full)
         if self.mode in _LINEAR:
             y = self._linear(local, lay, split, scales)  # type: ignore[arg-type]
@@ -279,7 +291,7 @@ class Upsample(torch.nn.Module):
                 if g is not None:
                     y = y.narrow(2 + k, s, s * x.shape[2 + k])
             return y
-        y = xp
+        y = xp.to(torch.promote_types(xp.dtype, torch.float32))  # bf16/fp16: one rounding, at the end
         ranges = lay.local_ranges(self.grid.coords)
         for k, s in enumerate(scales):
             d = 2 + k
@@ -289,7 +301,7 @@ class Upsample(torch.nn.Module):
             shape[d] = -1
             lam = lam.to(y.dtype).reshape(shape)
             y = y.index_select(d, i0) * (1 - lam) + y.index_select(d, i1) * lam
-        return y
+        return y.to(x.dtype)
 
     def extra_repr(self) -> str:
         """Local. Extra text for ``repr``."""
