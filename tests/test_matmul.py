@@ -195,6 +195,13 @@ def test_validation_before_communication(grid2d):  # type: ignore[no-untyped-def
             (TypeError, "transpose_a", lambda: matmul(a, b, transpose_a=1)),
             (TypeError, "dtype", lambda: matmul(a, b.astype("float32"))),
             (TypeError, "backend", lambda: matmul(a, b.to("torch"))),
+            (TypeError, "boolean blocks", lambda: matmul(a.astype(bool), b.astype(bool))),
+            (TypeError, "boolean blocks", lambda: matmul(a.to("torch").astype("bool"), b.to("torch").astype("bool"))),
+            (
+                TypeError,
+                "no matrix product of uint16",
+                lambda: matmul(a.to("torch").astype(torch.uint16), b.to("torch").astype(torch.uint16)),
+            ),
         ]
         with hpctp.CommCounter() as cnt:
             for exc, text, fn in cases:
@@ -203,6 +210,25 @@ def test_validation_before_communication(grid2d):  # type: ignore[no-untyped-def
         assert_all(grid2d, cnt.calls == {}, f"communication before the error: {cnt.calls}")
     finally:
         other.free()
+
+
+@pytest.mark.mpi
+def test_foreign_byte_order_and_bad_blocks_on_one_rank(grid2d):  # type: ignore[no-untyped-def]
+    """'>f8' blocks (e.g. from a Fortran file) multiply like native ones, on some ranks or all;
+    summa_block with a bad block on one rank raises on every rank instead of hanging."""
+    a, b = _operands(grid2d, 5, 3, 4)
+    want = _reference(a, b, False, False)
+    for odd in (lambda r: True, lambda r: r % 2 == 0):
+        big = hpctp.from_local(a.local.astype(">f8") if odd(grid2d.rank) else a.local, grid2d, (0, 1))
+        assert_allclose(grid2d, matmul(big, b).gather(None), want, rtol=1e-13, what="big-endian a")
+        assert_allclose(grid2d, matmul(b, big, transpose_a=True, transpose_b=True).gather(None), want.T, rtol=1e-13)
+    if grid2d.size > 1:
+        last = grid2d.rank == grid2d.size - 1
+        bad = np.zeros((7, 7)) if last else a.local
+        with pytest.raises(ValueError, match=f"rank {grid2d.size - 1}: A block has shape"):
+            summa_block(bad, b.local, grid2d, a.layout, b.layout)
+        with pytest.raises(TypeError, match="share backend and dtype"):
+            summa_block(a.local.astype("float32") if last else a.local, b.local, grid2d, a.layout, b.layout)
 
 
 @pytest.mark.mpi

@@ -10,11 +10,36 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, copy_into, empty_like_backend, is_torch
+from ..backend import Array, copy_into, dtype_kind, empty_like_backend, is_device, is_torch
 
-__all__ = ["gemm", "is_contiguous", "Workspace", "zeros_like_backend"]
+__all__ = ["gemm", "gemm_dtype_error", "native_order", "is_contiguous", "Workspace", "zeros_like_backend"]
 
 _TORCH_GEMM_DTYPES = ("float32", "float64", "complex64", "complex128")
+
+
+def gemm_dtype_error(x: Array) -> TypeError | None:
+    """Local. Why blocks of ``x``'s dtype cannot be multiplied and summed over MPI (None if they can).
+
+    Booleans have no MPI sum; torch has no matrix product of bool, uint16/32/64, nor of
+    integers on a GPU. Decided from the dtype alone, so ranks with one dtype agree.
+    """
+    kind = dtype_kind(x)
+    if kind == "b":
+        return TypeError("matmul of boolean blocks is not supported (MPI has no SUM of bool); use .astype('int64')")
+    if is_torch(x):
+        name = str(x.dtype).removeprefix("torch.")
+        if name in ("uint16", "uint32", "uint64") or (kind in "iu" and is_device(x)):
+            where = "on a GPU" if is_device(x) else "on the CPU"
+            return TypeError(f"torch has no matrix product of {name} {where}; use .astype() to a float dtype")
+    return None
+
+
+def native_order(x: Array) -> Array:
+    """Local. ``x``, or a copy in native byte order for a numpy block such as ``'>f8'`` (MPI
+    buffers and BLAS need native order)."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
 
 
 def is_contiguous(x: Array) -> bool:

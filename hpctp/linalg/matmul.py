@@ -7,6 +7,7 @@ from typing import cast
 from ..backend import backend_name, is_device
 from ..comm import ProcessGrid
 from ..tensor import DistTensor
+from .local import gemm_dtype_error, native_order
 from .plan import check_panel, plan_matmul, required_layouts
 from .summa import run_plan
 
@@ -46,9 +47,18 @@ def _check(
                          f"(a {a.global_shape}, b {b.global_shape})")  # fmt: skip
     if backend_name(a.local) != backend_name(b.local) or is_device(a.local) != is_device(b.local):
         raise TypeError(f"matmul: a and b blocks must share a backend and device, got {a.backend} and {b.backend}")
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and native_order(a.local).dtype != native_order(b.local).dtype:
         raise TypeError(f"matmul: a and b must have the same dtype, got {a.dtype} and {b.dtype}; use .astype()")
+    error = gemm_dtype_error(a.local)
+    if error is not None:
+        raise error
     return check_panel(panel)
+
+
+def native(x: DistTensor) -> DistTensor:
+    """Local. ``x``, or a copy with blocks in native byte order (``from_local`` of ``'>f8'`` blocks)."""
+    local = native_order(x.local)
+    return x if local is x.local else DistTensor(local, x.grid, x.layout)
 
 
 def matmul(
@@ -95,8 +105,9 @@ def matmul(
     Raises
     ------
     TypeError
-        If an input is not a DistTensor, dtypes or backends differ, a transpose flag is not
-        a bool, or ``panel`` is not an int.
+        If an input is not a DistTensor, dtypes or backends differ, the dtype has no
+        product (bool; torch uint16/32/64, integers on a GPU), a transpose flag is not a
+        bool, or ``panel`` is not an int. Blocks in non-native byte order are converted.
     ValueError
         If an input is not 2-D, the grids differ or are not 2-D, the inner dimensions
         differ, or ``panel < 1``. All raised on every rank before any communication.
@@ -109,6 +120,7 @@ def matmul(
     >>> c = a @ b                                                 # doctest: +SKIP
     """
     width = _check(a, b, transpose_a, transpose_b, panel)
+    a, b = native(a), native(b)
     la, lb = required_layouts(a.layout, b.layout, transpose_a, transpose_b)
     if la != a.layout:
         a = a.redistribute(la)

@@ -22,7 +22,7 @@ from ..backend import Array, backend_name, copy_into, is_torch
 from ..comm import Pending, ProcessGrid
 from ..comm.summa_calls import ireduce
 from ..layout import Layout
-from .local import Workspace, gemm, is_contiguous, zeros_like_backend
+from .local import Workspace, gemm, gemm_dtype_error, is_contiguous, native_order, zeros_like_backend
 from .plan import MatmulPlan, plan_matmul
 
 __all__ = ["summa_block", "run_plan"]
@@ -233,14 +233,22 @@ def summa_block(
     ------
     ValueError
         If no variant fits the layouts, sizes differ, or a block's shape does not match
-        its layout (the last is checked locally).
+        its layout on any rank (raised on every rank).
     TypeError
-        If the blocks have different backends or dtypes.
+        If the blocks have different backends or dtypes, or a dtype with no product
+        (bool; torch uint16/32/64, integers on a GPU), on any rank (raised on every rank).
     """
-    if backend_name(a) != backend_name(b) or a.dtype != b.dtype:
-        raise TypeError(f"A and B blocks must share backend and dtype, got {backend_name(a)} {a.dtype} and "
-                        f"{backend_name(b)} {b.dtype}")  # fmt: skip
-    for name, x, lay in (("A", a, a_layout), ("B", b, b_layout)):
-        lay.check_block(x.shape, grid.dims, grid.coords, f"{name} block")
+    error: Exception | None = None
+    try:
+        if backend_name(a) != backend_name(b) or a.dtype != b.dtype:
+            raise TypeError(f"A and B blocks must share backend and dtype, got {backend_name(a)} {a.dtype} and "
+                            f"{backend_name(b)} {b.dtype}")  # fmt: skip
+        error = gemm_dtype_error(a)
+        for name, x, lay in (("A", a, a_layout), ("B", b, b_layout)):
+            lay.check_block(x.shape, grid.dims, grid.coords, f"rank {grid.rank}: {name} block")
+    except (TypeError, ValueError) as e:
+        error = e
+    C.raise_if_any(grid.comm, error)  # a bad block on one rank raises on every rank, none waits
+    a, b = native_order(a), native_order(b)
     plan = plan_matmul(a_layout, b_layout, transpose_a, transpose_b, panel)
     return run_plan(plan, a, b, grid, transpose_a, transpose_b), plan.c_layout

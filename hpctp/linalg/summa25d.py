@@ -16,7 +16,7 @@ from .. import comm as C
 from ..layout import Layout
 from ..tensor import DistTensor
 from .local import zeros_like_backend
-from .matmul import _check
+from .matmul import _check, native
 from .plan import MatmulPlan, default_panel, merge_pieces, plan_matmul
 from .summa import _no_autograd, _Op, _stationary_c
 
@@ -107,6 +107,7 @@ def matmul_25d(
         ``panel < 1``; on every rank before any communication.
     """
     width = _check(a, b, transpose_a, transpose_b, panel, grid_ndim=3)
+    a, b = native(a), native(b)
     grid = a.grid
     a, b = _placed(a, transpose_a), _placed(b, transpose_b)
     plan = plan_25d(a.layout, b.layout, transpose_a, transpose_b, width)
