@@ -110,14 +110,15 @@ def init(comm: MPI.Intracomm | int, dims: int | Sequence[int] = 2) -> ProcessGri
         raise TypeError(f"comm must be a valid intracommunicator, got {comm!r}")
     if c.Is_inter():
         raise TypeError("comm is an intercommunicator; hpctp needs an intracommunicator")
-    spec: int | list[int]
-    if isinstance(dims, bool):
-        raise TypeError(f"dims must be an int or a sequence of ints, got {dims!r}")
-    if isinstance(dims, (int, np.integer)):
+    spec: object = dims  # validated by ProcessGrid, collectively (bad dims on one rank raise everywhere)
+    if isinstance(dims, np.integer):
         spec = int(dims)
-    else:
-        spec = [int(d) for d in dims]
-    grid = ProcessGrid(spec, c)
+    elif not isinstance(dims, (bool, int)):
+        try:
+            spec = [int(d) if isinstance(d, np.integer) else d for d in dims]
+        except TypeError:
+            pass
+    grid = ProcessGrid(spec, c)  # type: ignore[arg-type]
     _state = _State(grid)
     return grid
 
@@ -245,7 +246,7 @@ def _infer_c(
         try:
             if dtype not in _DTYPES:
                 raise TypeError(f"unsupported dtype {dtype!r}")
-            shape = tuple(int(n) for n in local_shape)
+            shape = tuple(_ints(local_shape, "local_shape"))
             if buffer is None:
                 raise ValueError("no data buffer")
             block = np.frombuffer(buffer, dtype=dtype)  # zero-copy, writeable
@@ -260,14 +261,26 @@ def _infer_c(
         del block  # drop every view of the caller's memory before returning to C
 
 
+def _ints(values: Sequence[object], what: str) -> list[int]:
+    """Local. ``values`` as Python ints; floats, bools and strings are refused, not truncated."""
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what}[{i}]={v!r} must be an int")
+        out.append(int(v))
+    return out
+
+
 def _normalize_split_arg(split: Sequence[int | None] | None, ndim: int, grid_ndim: int) -> list[int | None]:
     if split is None:
         return [d if d < grid_ndim else None for d in range(ndim)]
     sp: list[int | None] = []
     for d, s in enumerate(split):
-        if s is None or (not isinstance(s, bool) and int(s) == -1):
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))):
+            raise TypeError(f"split[{d}]={s!r} must be an int (a grid axis, or -1: not divided)")
+        if s is None or int(s) == -1:
             sp.append(None)
-        elif isinstance(s, bool) or not 0 <= int(s) < grid_ndim:
+        elif not 0 <= int(s) < grid_ndim:
             raise ValueError(f"split[{d}]={s!r} is not a grid axis (0..{grid_ndim - 1}) or -1 (not divided)")
         else:
             sp.append(int(s))
@@ -300,8 +313,8 @@ def _infer(
             ndim = block.ndim
             if not 1 <= ndim <= _MAX_NDIM:
                 raise ValueError(f"ndim={ndim} must be in 1..{_MAX_NDIM}")
-            offs = [int(o) for o in global_offsets]
-            gshape = [int(n) for n in global_shape]
+            offs = _ints(global_offsets, "global_offsets")
+            gshape = _ints(global_shape, "global_shape")
             if len(offs) != ndim or len(gshape) != ndim:
                 raise ValueError(
                     f"global_offsets ({len(offs)} entries) and global_shape ({len(gshape)}) need one entry "

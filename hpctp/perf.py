@@ -33,6 +33,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .layout import Layout, block_cuts, grid_coords, redistribution_plan
 from .linalg.plan import MatmulPlan, default_panel, logical_axes, plan_matmul, required_layouts
 from .linalg.summa25d import plan_25d
@@ -140,17 +142,23 @@ def reduce_time(nbytes: float, q: int, machine: Machine, itemsize: int = 8) -> f
     return bcast_time(nbytes, q, machine) + machine.gamma * adds
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def _check_sizes(m: int, k: int, n: int, grid_dims: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     for name, v in (("m", m), ("k", k), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if not _is_int(v) or v < 0:
             raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+    bad = isinstance(grid_dims, (str, bytes))
     try:
-        dims = tuple(int(d) for d in grid_dims)
-    except (TypeError, ValueError):
-        raise ValueError(f"grid_dims must be 2 (or 3, for 2.5D) positive ints, got {grid_dims!r}") from None
-    if len(dims) not in (2, 3) or min(dims) < 1:
+        dims = tuple(grid_dims) if not bad else ()
+    except TypeError:
+        bad = True
+    if bad or len(dims) not in (2, 3) or not all(_is_int(d) and d >= 1 for d in dims):
         raise ValueError(f"grid_dims must be 2 (or 3, for 2.5D) positive ints, got {grid_dims!r}")
-    if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1:
+    dims = tuple(int(d) for d in dims)
+    if not _is_int(itemsize) or itemsize < 1:
         raise ValueError(f"itemsize must be a positive int, got {itemsize!r}")
     return dims
 
@@ -170,7 +178,9 @@ def stationary_c_words(m: int, k: int, n: int, grid_dims: tuple[int, int], coord
     if len(dims) != 2:
         raise ValueError(f"stationary_c_words is for 2-D grids, got {grid_dims!r}")
     pr, pc = dims
-    i, j = coords
+    if len(coords) != 2 or not all(_is_int(c) and 0 <= c < p for c, p in zip(coords, dims)):
+        raise ValueError(f"coords={coords!r} must be 2 ints in the grid {dims}")
+    i, j = (int(c) for c in coords)
     mi = _extent(block_cuts(m, pr), i)
     nj = _extent(block_cuts(n, pc), j)
     ka = _extent(block_cuts(k, pc), j)
@@ -482,8 +492,9 @@ def recommend_grid(
     ValueError
         If ``nranks < 1`` or sizes are negative.
     """
-    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
+    if not _is_int(nranks) or nranks < 1:  # numpy ints accepted
         raise ValueError(f"nranks must be a positive int, got {nranks!r}")
+    nranks = int(nranks)
     best: tuple[float, int, tuple[int, int]] | None = None
     for pr in range(1, nranks + 1):
         if nranks % pr:

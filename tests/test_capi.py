@@ -385,6 +385,10 @@ def test_errors_seen_by_one_rank_raise_everywhere(session, world: MPI.Intracomm)
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="C-contiguous and writeable"):
         capi.infer(frozen if world.Get_rank() == last else block, offs, shape, (0, 1))
+    with pytest.raises(TypeError, match=r"global_offsets\[0\]=.* must be an int"):  # not truncated
+        capi.infer(block, (offs[0] + 0.5, offs[1]) if world.Get_rank() == last else offs, shape, (0, 1))
+    with pytest.raises(TypeError, match="split.* must be an int"):
+        capi.infer(block, offs, shape, (0, 1.0))
     if world.Get_size() > 1:
         with pytest.raises(ValueError, match="differ between ranks"):
             capi.infer(block, offs, shape, (0, 1) if world.Get_rank() != last else (0, -1))
@@ -433,6 +437,11 @@ def test_init_and_finalize_states(world: MPI.Intracomm) -> None:
         capi.grid_info()
     with pytest.raises(ValueError, match="hold"):
         capi.init(world, (world.Get_size() + 1, 1))
+    with pytest.raises(ValueError, match=r"dims\[1\]=1.0 must be a non-negative int"):
+        capi.init(world, (world.Get_size(), 1.0))
+    if world.Get_size() > 1:  # bad dims on the last rank only: every rank raises, none waits in Dup
+        with pytest.raises(ValueError, match="hold|reported by rank"):
+            capi.init(world, (world.Get_size() + 1, 1) if world.Get_rank() == world.Get_size() - 1 else 2)
     grid = capi.init(world, 2)
     try:
         assert_all(grid, grid.comm != world and grid.size == world.Get_size(), "the grid works on a duplicate")

@@ -75,6 +75,13 @@ def test_bad_dims_raise_on_every_rank(world: MPI.Intracomm) -> None:
     if size > 1:
         with pytest.raises(ValueError, match="do not divide"):
             hpctp.ProcessGrid([size + 1, 0])
+        last = world.Get_rank() == size - 1  # arguments bad or different on the last rank only
+        with pytest.raises(ValueError, match="hold|reported by rank"):
+            hpctp.ProcessGrid([size + 1] if last else [size])
+        with pytest.raises(ValueError, match=r"ranks passed different grid shapes"):
+            hpctp.ProcessGrid([size, 1] if last else [1, size])
+        with pytest.raises(ValueError, match=r"different grid shapes"):
+            hpctp.ProcessGrid([size], periods=[last])
     with hpctp.ProcessGrid([size]) as g:
         with pytest.raises(ValueError, match="not an axis"):
             g.sub(1)

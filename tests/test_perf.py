@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,3 +114,15 @@ def test_model_validation() -> None:
         perf.predict_matmul(2, 2, 2, (2, 2, 1, 1))
     with pytest.raises(ValueError, match="panel"):
         perf.predict_matmul(2, 2, 2, (1, 1), panel=0)
+    for dims in [(2.7, 1), "22", (True, 2), (2, 0), 4]:  # refused, not truncated or split into characters
+        with pytest.raises(ValueError, match="grid_dims"):
+            perf.matmul_traffic(4, 4, 4, dims)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"coords=\(2, 0\) must be 2 ints in the grid \(2, 2\)"):
+        perf.stationary_c_words(4, 4, 4, (2, 2), (2, 0))
+    with pytest.raises(ValueError, match="coords"):
+        perf.stationary_c_words(4, 4, 4, (2, 2), (-1, -1))
+    # numpy ints are ints
+    assert perf.stationary_c_words(np.int64(4), 4, 4, (np.int64(2), 2), (np.int64(1), 0)) == perf.stationary_c_words(
+        4, 4, 4, (2, 2), (1, 0)
+    )
+    assert perf.recommend_grid(4, 4, 4, np.int64(4)) == perf.recommend_grid(4, 4, 4, 4)

@@ -8,8 +8,44 @@ from collections.abc import Sequence
 from mpi4py import MPI
 
 from ..layout import grid_coords
+from .collectives import allgather_ints, raise_if_any
 
 __all__ = ["ProcessGrid", "check_grid"]
+
+
+_MAX_AXES = 16  # dims and periods of every rank travel in one fixed-size row
+
+
+def _agreed_shape(
+    comm: MPI.Intracomm, dims: int | Sequence[int], periods: Sequence[bool] | None
+) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Collective over ``comm``. Validated dims and periods, the same on every rank: a rank
+    whose arguments are invalid, or differ from the others', makes every rank raise."""
+    error: Exception | None = None
+    shape: tuple[int, ...] = ()
+    per: tuple[bool, ...] = ()
+    try:
+        shape = _normalize_dims(dims, comm.Get_size())
+        per = tuple(bool(p) for p in ([False] * len(shape) if periods is None else periods))
+        if len(per) != len(shape):
+            raise ValueError(f"periods has {len(per)} entries but the grid has {len(shape)} axes")
+        if len(shape) > _MAX_AXES:
+            raise ValueError(f"a grid has at most {_MAX_AXES} axes, got dims {shape}")
+    except (TypeError, ValueError) as e:
+        error = e
+    raise_if_any(comm, error)
+    if comm.Get_size() > 1:
+        row = [len(shape), *shape, *per] + [0] * (2 * (_MAX_AXES - len(shape)))
+        table = allgather_ints(comm, row)
+        if (table != table[0]).any():
+            seen = sorted(
+                {tuple(r[1 : 1 + r[0]]) + tuple(bool(p) for p in r[1 + r[0] : 1 + 2 * r[0]]) for r in table.tolist()}
+            )
+            raise ValueError(
+                f"ranks passed different grid shapes (dims then periods): {seen}; pass the same dims and periods "
+                f"on every rank"
+            )
+    return shape, per
 
 
 def _normalize_dims(dims: int | Sequence[int], size: int) -> tuple[int, ...]:
@@ -83,18 +119,13 @@ class ProcessGrid:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
-        size = comm.Get_size()
-        self.dims: tuple[int, ...] = _normalize_dims(dims, size)
-        self.ndim: int = len(self.dims)
-        if periods is None:
-            periods = [False] * self.ndim
-        periods = [bool(p) for p in periods]
-        if len(periods) != self.ndim:
-            raise ValueError(f"periods has {len(periods)} entries but the grid has {self.ndim} axes")
-        self.periods: tuple[bool, ...] = tuple(periods)
         dup = comm.Dup()
-        self.comm: MPI.Cartcomm = dup.Create_cart(list(self.dims), periods=list(self.periods), reorder=False)
-        dup.Free()
+        try:
+            self.dims, self.periods = _agreed_shape(dup, dims, periods)
+            self.comm: MPI.Cartcomm = dup.Create_cart(list(self.dims), periods=list(self.periods), reorder=False)
+        finally:
+            dup.Free()
+        self.ndim: int = len(self.dims)
         self.comm.Set_name("hpctp.grid")
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
