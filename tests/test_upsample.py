@@ -121,6 +121,8 @@ def test_bad_arguments(grid2d) -> None:  # type: ignore[no-untyped-def]
         Upsample(2, "bicubic", grid=grid2d)
     with pytest.raises(ValueError, match="align_corners"):
         Upsample(2, "nearest", True, grid=grid2d)
+    with pytest.raises(ValueError, match="align_corners"):  # torch refuses any explicit value
+        Upsample(2, "nearest", False, grid=grid2d)
     with pytest.raises(ValueError, match="disagree"):
         Upsample((2, 2, 2), "bilinear", grid=grid2d)
     with pytest.raises(ValueError, match="out of range"):

@@ -176,7 +176,7 @@ class Upsample(torch.nn.Module):
         self.grid = check_grid(grid)
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-        if mode.startswith("nearest") and align_corners:
+        if mode.startswith("nearest") and align_corners is not None:  # as torch: even False
             raise ValueError("align_corners can only be set with the linear modes")
         self._scale = _check_scales(scale_factor)
         hints = (
