@@ -27,6 +27,7 @@ __all__ = [
     "byte_view",
     "numpy_dtype",
     "dtype_kind",
+    "native_order",
     "resolve_dtype",
     "copy_into",
     "from_bytes",
@@ -110,6 +111,14 @@ def dtype_kind(x: Array) -> str:
             return "b"
         return "i" if dt.is_signed else "u"
     return np.dtype(x.dtype).kind
+
+
+def native_order(x: Array) -> Array:
+    """Local. ``x``, or a copy in native byte order for a numpy block such as ``'>f8'`` read
+    from a file (MPI buffers, BLAS and torch need native order)."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
 
 
 def resolve_dtype(dtype: object, backend: str) -> Any:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import comm as C
-from .backend import BACKENDS, Array, backend_name, check_array, empty_like_backend
+from .backend import BACKENDS, Array, backend_name, check_array, empty_like_backend, native_order
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
 from .layout import Layout, grid_coords, normalize_split
@@ -60,8 +60,7 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
     if grid.rank == root:
         try:
             check_array(array, "distribute(array=...) on the root rank")
-            if isinstance(array, np.ndarray) and not array.dtype.isnative:  # e.g. '>f8' read from a file
-                array = array.astype(array.dtype.newbyteorder("="))  # receivers allocate native blocks
+            array = native_order(array)  # e.g. '>f8' read from a file: receivers allocate native blocks
             if array.ndim > _MAX_NDIM:  # type: ignore[union-attr]
                 raise ValueError(f"at most {_MAX_NDIM} dims are supported, got {array.ndim}")  # type: ignore[union-attr]
             header = [array.ndim, dtype_code(array.dtype), BACKENDS.index(_backend_key(array))]  # type: ignore[union-attr]

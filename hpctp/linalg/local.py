@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backend import Array, copy_into, dtype_kind, empty_like_backend, is_device, is_torch
 
-__all__ = ["gemm", "gemm_dtype_error", "native_order", "is_contiguous", "Workspace", "zeros_like_backend"]
+__all__ = ["gemm", "gemm_dtype_error", "is_contiguous", "Workspace", "zeros_like_backend"]
 
 _TORCH_GEMM_DTYPES = ("float32", "float64", "complex64", "complex128")
 
@@ -32,14 +32,6 @@ def gemm_dtype_error(x: Array) -> TypeError | None:
             where = "on a GPU" if is_device(x) else "on the CPU"
             return TypeError(f"torch has no matrix product of {name} {where}; use .astype() to a float dtype")
     return None
-
-
-def native_order(x: Array) -> Array:
-    """Local. ``x``, or a copy in native byte order for a numpy block such as ``'>f8'`` (MPI
-    buffers and BLAS need native order)."""
-    if isinstance(x, np.ndarray) and not x.dtype.isnative:
-        return x.astype(x.dtype.newbyteorder("="))
-    return x
 
 
 def is_contiguous(x: Array) -> bool:

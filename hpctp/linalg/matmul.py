@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import cast
 
-from ..backend import backend_name, is_device
+import numpy as np
+
+from ..backend import backend_name, is_device, native_order
 from ..comm import ProcessGrid
 from ..tensor import DistTensor
-from .local import gemm_dtype_error, native_order
+from .local import gemm_dtype_error
 from .plan import check_panel, plan_matmul, required_layouts
 from .summa import run_plan
 
@@ -47,7 +49,8 @@ def _check(
                          f"(a {a.global_shape}, b {b.global_shape})")  # fmt: skip
     if backend_name(a.local) != backend_name(b.local) or is_device(a.local) != is_device(b.local):
         raise TypeError(f"matmul: a and b blocks must share a backend and device, got {a.backend} and {b.backend}")
-    if a.dtype != b.dtype and native_order(a.local).dtype != native_order(b.local).dtype:
+    same_native = isinstance(a.local, np.ndarray) and a.dtype.newbyteorder("=") == b.dtype.newbyteorder("=")
+    if a.dtype != b.dtype and not same_native:  # '>f8' and '<f8' multiply (converted below)
         raise TypeError(f"matmul: a and b must have the same dtype, got {a.dtype} and {b.dtype}; use .astype()")
     error = gemm_dtype_error(a.local)
     if error is not None:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import comm as C
-from ..backend import Array, backend_name, copy_into, is_torch
+from ..backend import Array, backend_name, copy_into, is_torch, native_order
 from ..comm import Pending, ProcessGrid
 from ..comm.summa_calls import ireduce
 from ..layout import Layout
-from .local import Workspace, gemm, gemm_dtype_error, is_contiguous, native_order, zeros_like_backend
+from .local import Workspace, gemm, gemm_dtype_error, is_contiguous, zeros_like_backend
 from .plan import MatmulPlan, plan_matmul
 
 __all__ = ["summa_block", "run_plan"]

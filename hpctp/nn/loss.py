@@ -23,11 +23,10 @@ __all__ = ["global_sum", "global_mean", "global_mse_loss", "global_l1_loss", "re
 _REDUCTIONS = ("mean", "sum")
 
 
-def _type_error(what: str, *xs: object) -> TypeError | None:
+def _type_error(**args: object) -> TypeError | None:
     """A TypeError for the first argument that is not a tensor (flagged in the all-reduce, not raised)."""
-    for i, x in enumerate(xs):
+    for name, x in args.items():
         if not isinstance(x, torch.Tensor):
-            name = what.split(", ")[i] if ", " in what else what
             return TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     return None
 
@@ -101,7 +100,7 @@ def global_sum(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | N
     """
     check_grid(grid)
     x = x_local
-    err = _type_error("x_local", x)
+    err = _type_error(x_local=x)
     total = _reduce(lambda: [x.sum()], 1, err, grid, axes, _device(x))[0]
     return total.to(x.sum().dtype if x.is_floating_point() or x.is_complex() else torch.int64)
 
@@ -129,7 +128,7 @@ def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | 
     """
     check_grid(grid)
     x = x_local
-    err = _type_error("x_local", x)
+    err = _type_error(x_local=x)
     s, n = _reduce(lambda: [x.sum(), _count(x)], 2, err, grid, axes, _device(x))
     return (s / n).to(x.dtype if x.is_floating_point() or x.is_complex() else torch.float64)
 
@@ -145,7 +144,7 @@ def _pointwise_loss(
     check_grid(grid)
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    err = _type_error("pred_local, target_local", pred, target) or _pair_error(pred, target)
+    err = _type_error(pred_local=pred, target_local=target) or _pair_error(pred, target)
     s, n = _reduce(lambda: [fn(pred, target).sum(), _count(pred)], 2, err, grid, axes, _device(pred, target))
     out = s / n if reduction == "mean" else s
     return out.to(torch.promote_types(pred.dtype, target.dtype))
@@ -248,7 +247,7 @@ def relative_l2_error(
         If the blocks' shapes differ on any rank (raised on every rank).
     """
     check_grid(grid)
-    err = _type_error("pred, target", pred, target) or _pair_error(pred, target)
+    err = _type_error(pred=pred, target=target) or _pair_error(pred, target)
     dev = _device(pred, target)
     if per_sample:
         if err is None and pred.dim() == 0:
