@@ -385,7 +385,7 @@ static int infer(void* data, const char* dtype, size_t itemsize, int ndim, const
     if (r == NULL) rc = python_error("hpctp_infer");
     if (mv != NULL) { /* invalidate the view of the caller's memory */
         PyObject* rel = PyObject_CallMethod(mv, "release", NULL);
-        if (rel == NULL) PyErr_Clear(); /* still exported: the model kept a reference to its input */
+        if (rel == NULL) PyErr_Clear(); /* still exported; numpy views hold no export: _infer_c counts them */
         Py_XDECREF(rel);
     }
     Py_XDECREF(r);

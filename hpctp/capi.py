@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import traceback
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,6 +46,7 @@ from . import comm as C
 from .backend import to_numpy
 from .comm import ProcessGrid
 from .factories import from_local
+from .ints import is_int
 from .tensor import DistTensor
 
 __all__ = ["DemoModel", "Model", "demo_model", "finalize", "grid_info", "infer", "init", "load"]
@@ -104,21 +107,13 @@ def init(comm: MPI.Intracomm | int, dims: int | Sequence[int] = 2) -> ProcessGri
     if _state is not None:
         raise RuntimeError("hpctp_init was called twice; call hpctp_finalize first")
     c: object = comm
-    if isinstance(comm, (int, np.integer)) and not isinstance(comm, bool):
+    if is_int(comm):
         c = MPI.Intracomm.f2py(int(comm))
     if not isinstance(c, MPI.Intracomm) or c == MPI.COMM_NULL:
         raise TypeError(f"comm must be a valid intracommunicator, got {comm!r}")
     if c.Is_inter():
         raise TypeError("comm is an intercommunicator; hpctp needs an intracommunicator")
-    spec: object = dims  # validated by ProcessGrid, collectively (bad dims on one rank raise everywhere)
-    if isinstance(dims, np.integer):
-        spec = int(dims)
-    elif not isinstance(dims, (bool, int)):
-        try:
-            spec = [int(d) if isinstance(d, np.integer) else d for d in dims]
-        except TypeError:
-            pass
-    grid = ProcessGrid(spec, c)  # type: ignore[arg-type]
+    grid = ProcessGrid(dims, c)  # validated collectively: bad dims on one rank raise on every rank
     _state = _State(grid)
     return grid
 
@@ -235,11 +230,17 @@ def _infer_c(
     split: Sequence[int] | None,
     error: str | None,
 ) -> None:
-    """Local. The entry point of ``hpctp_infer``: wrap the caller's memory, then :func:`infer`.
+    """Collective over grid. The entry point of ``hpctp_infer``: wrap the caller's memory, then
+    :func:`infer`.
 
     ``error`` is a problem the C layer found on this rank (e.g. a NULL pointer); it is
-    agreed on collectively like every other error.
+    agreed on collectively like every other error. No view of ``buffer`` may outlive the call:
+    the caller frees or reuses its memory afterwards. numpy's views share the memoryview's
+    buffer without an export of it (the C layer's ``release`` cannot see them), but every view
+    of the wrapped array keeps that array alive: a weak reference to it tells whether the model
+    kept a view of its input, and then every rank raises.
     """
+    wrapped: weakref.ref[np.ndarray] | None = None
     block: np.ndarray | None = None
     err: Exception | None = ValueError(error) if error else None
     if err is None:
@@ -250,6 +251,7 @@ def _infer_c(
             if buffer is None:
                 raise ValueError("no data buffer")
             block = np.frombuffer(buffer, dtype=dtype)  # zero-copy, writeable
+            wrapped = weakref.ref(block)  # every view of the caller's memory keeps this array alive
             if block.size != math.prod(shape):
                 raise ValueError(f"buffer holds {block.size} elements but local_shape={shape}")
             block = block.reshape(shape)
@@ -257,15 +259,47 @@ def _infer_c(
             err = e
     try:
         _infer(block, global_offsets, global_shape, split, err)
+        block = None
+        kept = wrapped is not None and wrapped() is not None
+        C.raise_if_any(_require_state().grid.comm, _kept_view_error() if kept else None)
+    except BaseException as e:
+        _clear_frames(e)  # the traceback's frames hold views of the caller's memory (in a cycle via e)
+        raise
     finally:
-        del block  # drop every view of the caller's memory before returning to C
+        block = err = None  # no view of the caller's memory, no cycle through this frame, once back in C
+
+
+def _kept_view_error() -> RuntimeError:
+    state = _require_state()
+    return RuntimeError(
+        f"rank {state.grid.rank}: model {state.model_name!r} kept a view of its input block after hpctp_infer "
+        f"(the output was written); the caller may free or reuse that memory, so the model must copy what it "
+        f"keeps (np.array(x.local) or tensor.clone())"
+    )
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Local. Drop the local variables of the finished frames in ``error``'s tracebacks (and in
+    those of the exceptions it chains to), keeping file and line information. A frame that
+    caught an exception refers to it, and so to its own traceback: without this the views of
+    the caller's memory in those frames would live until the next garbage collection, and the
+    C layer could not release its memoryview before handing control back."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        stack += [e.__cause__, e.__context__]
 
 
 def _ints(values: Sequence[object], what: str) -> list[int]:
     """Local. ``values`` as Python ints; floats, bools and strings are refused, not truncated."""
     out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if not is_int(v):
             raise TypeError(f"{what}[{i}]={v!r} must be an int")
         out.append(int(v))
     return out
@@ -276,7 +310,7 @@ def _normalize_split_arg(split: Sequence[int | None] | None, ndim: int, grid_ndi
         return [d if d < grid_ndim else None for d in range(ndim)]
     sp: list[int | None] = []
     for d, s in enumerate(split):
-        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))):
+        if s is not None and not is_int(s):
             raise TypeError(f"split[{d}]={s!r} must be an int (a grid axis, or -1: not divided)")
         if s is None or int(s) == -1:
             sp.append(None)

@@ -11,6 +11,7 @@ from . import comm as C
 from .backend import BACKENDS, Array, backend_name, check_array, empty_like_backend, native_order
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
+from .ints import is_int
 from .layout import Layout, grid_coords, normalize_split
 from .ops.transfer import scatter_block
 from .tensor import DistTensor
@@ -53,8 +54,9 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
         If ``root`` or ``split`` is invalid (raised on every rank).
     """
     grid = check_grid(grid)
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < grid.size:
+    if not is_int(root) or not 0 <= root < grid.size:
         raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
+    root = int(root)
     header = None
     error: Exception | None = None
     if grid.rank == root:

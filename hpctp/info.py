@@ -8,7 +8,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .comm import allgather_ints, cuda_aware_reason, gpu_count, local_rank, select_device
+from .comm import allgather_ints, cuda_aware_reason, gpu_count, local_rank, raise_if_any, select_device
+from .comm.env import environment_error
 
 __all__ = ["runtime_info", "format_info"]
 
@@ -36,6 +37,7 @@ def runtime_info(comm: Any = None) -> dict[str, Any]:
     job can check its one-GPU-per-rank binding.
     """
     comm = MPI.COMM_WORLD if comm is None else getattr(comm, "comm", comm)
+    raise_if_any(comm, environment_error())  # a bad HPCTP_* value on one rank raises on every rank
     lrank, lsize = local_rank(comm)
     dev = select_device(comm)
     devices = allgather_ints(comm, [-1 if dev is None else dev])[:, 0].tolist()

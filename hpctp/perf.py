@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from dataclasses import dataclass
 
-import numpy as np
-
+from .ints import is_int
 from .layout import Layout, block_cuts, grid_coords, redistribution_plan
 from .linalg.plan import MatmulPlan, default_panel, logical_axes, plan_matmul, required_layouts
 from .linalg.summa25d import plan_25d
@@ -70,8 +70,10 @@ class Machine:
 
     Raises
     ------
+    TypeError
+        If a parameter is not a real number.
     ValueError
-        If a parameter is negative (or ``gamma`` not positive).
+        If a parameter is negative, NaN or infinite (or ``gamma`` not positive).
     """
 
     alpha: float = 2e-6
@@ -80,6 +82,12 @@ class Machine:
     gemm_half: float = 16.0
 
     def __post_init__(self) -> None:
+        values = {name: getattr(self, name) for name in ("alpha", "beta", "gamma", "gemm_half")}
+        for name, v in values.items():
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"Machine.{name} must be a real number, got {type(v).__name__} {v!r}")
+        if not all(math.isfinite(v) for v in values.values()):
+            raise ValueError(f"machine parameters must be finite, got {self}")
         if min(self.alpha, self.beta, self.gemm_half) < 0 or self.gamma <= 0:
             raise ValueError(f"machine parameters must be >= 0 (gamma > 0), got {self}")
 
@@ -142,23 +150,19 @@ def reduce_time(nbytes: float, q: int, machine: Machine, itemsize: int = 8) -> f
     return bcast_time(nbytes, q, machine) + machine.gamma * adds
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _check_sizes(m: int, k: int, n: int, grid_dims: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     for name, v in (("m", m), ("k", k), ("n", n)):
-        if not _is_int(v) or v < 0:
+        if not is_int(v) or v < 0:
             raise ValueError(f"{name} must be a non-negative int, got {v!r}")
     bad = isinstance(grid_dims, (str, bytes))
     try:
         dims = tuple(grid_dims) if not bad else ()
     except TypeError:
         bad = True
-    if bad or len(dims) not in (2, 3) or not all(_is_int(d) and d >= 1 for d in dims):
+    if bad or len(dims) not in (2, 3) or not all(is_int(d) and d >= 1 for d in dims):
         raise ValueError(f"grid_dims must be 2 (or 3, for 2.5D) positive ints, got {grid_dims!r}")
     dims = tuple(int(d) for d in dims)
-    if not _is_int(itemsize) or itemsize < 1:
+    if not is_int(itemsize) or itemsize < 1:
         raise ValueError(f"itemsize must be a positive int, got {itemsize!r}")
     return dims
 
@@ -178,7 +182,7 @@ def stationary_c_words(m: int, k: int, n: int, grid_dims: tuple[int, int], coord
     if len(dims) != 2:
         raise ValueError(f"stationary_c_words is for 2-D grids, got {grid_dims!r}")
     pr, pc = dims
-    if len(coords) != 2 or not all(_is_int(c) and 0 <= c < p for c, p in zip(coords, dims)):
+    if len(coords) != 2 or not all(is_int(c) and 0 <= c < p for c, p in zip(coords, dims)):
         raise ValueError(f"coords={coords!r} must be 2 ints in the grid {dims}")
     i, j = (int(c) for c in coords)
     mi = _extent(block_cuts(m, pr), i)
@@ -492,7 +496,7 @@ def recommend_grid(
     ValueError
         If ``nranks < 1`` or sizes are negative.
     """
-    if not _is_int(nranks) or nranks < 1:  # numpy ints accepted
+    if not is_int(nranks) or nranks < 1:  # numpy ints accepted
         raise ValueError(f"nranks must be a positive int, got {nranks!r}")
     nranks = int(nranks)
     best: tuple[float, int, tuple[int, int]] | None = None

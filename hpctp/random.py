@@ -14,6 +14,7 @@ import numpy as np
 
 from .backend import astype, from_numpy
 from .comm import ProcessGrid
+from .ints import is_int
 from .layout import Layout
 from .tensor import DistTensor
 
@@ -32,7 +33,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def _check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+    if not is_int(seed) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
     return int(seed)
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, dtype_kind, is_device
 from .comm import ProcessGrid, check_grid
+from .ints import is_int
 from .layout import Layout
 from .ops.reduce import normalize_axes, reduce_block
 from .ops.transfer import gather_block, redistribute_block
@@ -127,11 +128,9 @@ class DistTensor:
         ValueError
             If ``root`` is not a rank of the grid.
         """
-        if root is not None and not (
-            isinstance(root, int) and not isinstance(root, bool) and 0 <= root < self.grid.size
-        ):
+        if root is not None and not (is_int(root) and 0 <= root < self.grid.size):
             raise ValueError(f"root={root!r} must be a rank in 0..{self.grid.size - 1} or None")
-        return gather_block(self.local, self.grid, self.layout, root)
+        return gather_block(self.local, self.grid, self.layout, None if root is None else int(root))
 
     def redistribute(self, split: object) -> DistTensor:
         """Collective over grid. The same tensor in another layout, moved in one all-to-all.

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import re
 import shutil
@@ -429,6 +430,65 @@ def test_model_errors_raise_everywhere(session, factory, exc, text) -> None:  # 
     with pytest.raises(exc, match=text):
         capi.infer(block, offs, shape, (0, 1))
     assert_allclose(grid, block, full[sls], rtol=0, atol=0)
+
+
+class _Keeps:
+    """A model that keeps its input: after hpctp_infer returns, a view of freed memory."""
+
+    def __call__(self, x: hpctp.DistTensor) -> hpctp.DistTensor:
+        self.last = x
+        return x * 2.0
+
+
+def keeps_input(grid: hpctp.ProcessGrid, checkpoint: str | None) -> _Keeps:
+    return _Keeps()
+
+
+def _c_call(grid: hpctp.ProcessGrid, factory: str) -> tuple[memoryview, int, bytearray, np.ndarray]:
+    """Arguments as the C layer passes them: a memoryview of the caller's memory."""
+    capi.load(f"{__name__}:{factory}")
+    shape = (7, 5)
+    offs, sls = _my_block(grid, shape, (0, 1))
+    local = _global(shape)[sls].copy()
+    memory = bytearray(local.tobytes())
+    return memoryview(memory), offs, memory, local  # type: ignore[return-value]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("factory", ["fails_on_rank0", "changes_layout"])
+def test_failed_model_leaves_no_view_of_the_caller_memory(session, factory) -> None:  # type: ignore[no-untyped-def]
+    """After a model error no frame of the traceback may keep a numpy view of the caller's memory
+    until the next garbage collection (the frames refer to the exception: a cycle)."""
+    grid = session
+    view, offs, memory, local = _c_call(grid, factory)
+    refs = sys.getrefcount(view)
+    gc.disable()  # the views must go without the collector's help
+    try:
+        with pytest.raises(ValueError):
+            capi._infer_c(view, "float64", local.shape, offs, (7, 5), (0, 1), None)
+        left = sys.getrefcount(view) - refs
+    finally:
+        gc.enable()
+    assert_all(grid, left == 0, f"{left} reference(s) to the caller's memory outlived the failed call")
+    assert_allclose(grid, np.frombuffer(memory).reshape(local.shape), local, rtol=0, atol=0)
+
+
+@pytest.mark.mpi
+def test_model_that_keeps_its_input_raises_everywhere(session) -> None:  # type: ignore[no-untyped-def]
+    """numpy views hold no buffer export, so the C layer's release cannot catch a model that keeps
+    its input; the reference count does, and every rank raises (the output is written)."""
+    grid = session
+    view, offs, memory, local = _c_call(grid, "keeps_input")
+    with pytest.raises(RuntimeError, match=r"kept a view of its input block after hpctp_infer"):
+        capi._infer_c(view, "float64", local.shape, offs, (7, 5), (0, 1), None)
+    assert_allclose(grid, np.frombuffer(memory).reshape(local.shape), 2 * local, rtol=0, atol=0)
+    view, offs, memory, local = _c_call(grid, "doubles")
+    capi._infer_c(view, "float64", local.shape, offs, (7, 5), (0, 1), None)  # a model that keeps nothing
+    assert_allclose(grid, np.frombuffer(memory).reshape(local.shape), 2 * local, rtol=0, atol=0)
+
+
+def doubles(grid: hpctp.ProcessGrid, checkpoint: str | None):  # type: ignore[no-untyped-def]
+    return lambda x: x * 2.0
 
 
 @pytest.mark.mpi

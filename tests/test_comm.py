@@ -8,6 +8,7 @@ import torch
 from mpi4py import MPI
 
 import hpctp.comm as C
+from hpctp.comm.env import cuda_aware_setting, device_setting, environment_error
 from hpctp.testing import assert_all, assert_equal
 
 
@@ -112,6 +113,49 @@ def test_cuda_aware_override(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(C.cuda_aware(), bool)
     monkeypatch.setenv("HPCTP_CUDA_AWARE", "1")
     assert C.cuda_aware_reason(override=False)[1] != "HPCTP_CUDA_AWARE=1"  # the library's own answer
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "1.0", "-1"])
+def test_bad_cuda_aware_setting_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """A typo used to fall through to detection silently."""
+    monkeypatch.setenv("HPCTP_CUDA_AWARE", value)
+    with pytest.raises(ValueError, match=rf"HPCTP_CUDA_AWARE='{value}' is not a boolean; set it to 1"):
+        C.cuda_aware()
+    assert "HPCTP_CUDA_AWARE" in str(environment_error())
+    for ok, want in (("On", True), (" off ", False), ("YES", True), ("", None)):
+        monkeypatch.setenv("HPCTP_CUDA_AWARE", ok)
+        assert cuda_aware_setting() is want and environment_error() is None
+
+
+def test_device_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPCTP_DEVICE", raising=False)
+    assert device_setting() is None
+    monkeypatch.setenv("HPCTP_DEVICE", " 3 ")
+    assert device_setting() == 3
+    for bad in ("gpu1", "-1", "1.5", "0x1"):
+        monkeypatch.setenv("HPCTP_DEVICE", bad)
+        with pytest.raises(ValueError, match=rf"HPCTP_DEVICE='{bad}' is not a device index"):
+            device_setting()
+        assert environment_error() is not None
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("var, value", [("HPCTP_CUDA_AWARE", "2"), ("HPCTP_DEVICE", "first")])
+def test_bad_setting_on_one_rank_raises_on_every_rank(
+    world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
+    """Set on the last rank only: building a grid and ``hpctp info`` raise everywhere, none hangs."""
+    from hpctp.comm import ProcessGrid
+    from hpctp.info import runtime_info
+
+    if world.Get_rank() == world.Get_size() - 1:
+        monkeypatch.setenv(var, value)
+    else:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match=rf"{var}='{value}' is not"):
+        ProcessGrid([world.Get_size()], world)
+    with pytest.raises(ValueError, match=rf"{var}='{value}' is not"):
+        runtime_info(world)
 
 
 def test_mpich_answers_the_cuda_query() -> None:

@@ -180,6 +180,26 @@ def test_bad_inputs(grid2d) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.mpi
+def test_plain_blocks_that_do_not_tile_raise_on_every_rank(grid2d) -> None:  # type: ignore[no-untyped-def]
+    """Plain blocks must tile one global field: another batch size or a spatial size that breaks
+    the tiling on one rank is refused on every rank (the statistics would be silently wrong, and
+    GroupNorm's per-sample messages would not match)."""
+    last = grid2d.rank == grid2d.size - 1  # on one rank, the only rank: any block tiles
+    layers = (
+        N.BatchNorm2d(3, grid=grid2d, split=(0, 1), dtype=F64),
+        N.GroupNorm(3, 3, grid=grid2d, split=(0, 1), dtype=F64),
+    )
+    for layer in layers if grid2d.size > 1 else ():
+        with pytest.raises(ValueError, match=r"dim 0 is not split but its local size differs between ranks: \[2, 3\]"):
+            layer(torch.ones(3 if last else 2, 3, 2, 2, dtype=F64))
+        with pytest.raises(ValueError, match="blocks do not tile"):  # the last rank's spatial block is off
+            layer(torch.ones(2, 3, 3 if last else 2, 3 if last else 2, dtype=F64))
+    bn = layers[0].eval()  # eval with running statistics stays local: any batch size on any rank
+    y = bn(torch.ones(3 if last else 2, 3, 2, 2, dtype=F64))
+    assert_all(grid2d, y.shape[0] == (3 if last else 2), "eval BatchNorm is local")
+
+
+@pytest.mark.mpi
 def test_low_precision_and_empty_batch_as_torch(grid2d) -> None:  # type: ignore[no-untyped-def]
     """bf16 input with float32 parameters gives bf16 (train and eval); GroupNorm of N=0 is empty."""
     shape = (2, 3, 4, 5)

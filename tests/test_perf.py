@@ -108,6 +108,13 @@ def test_recommend_panel_tradeoffs() -> None:
 def test_model_validation() -> None:
     with pytest.raises(ValueError, match="machine"):
         perf.Machine(gamma=0.0)
+    for bad in ({"alpha": float("nan")}, {"beta": float("inf")}, {"gemm_half": float("nan")}):
+        with pytest.raises(ValueError, match="must be finite"):  # NaN slipped through the >= 0 test
+            perf.Machine(**bad)
+    for bad in ({"alpha": "1e-6"}, {"gamma": True}, {"beta": None}):
+        with pytest.raises(TypeError, match=r"Machine\.(alpha|gamma|beta) must be a real number"):
+            perf.Machine(**bad)  # type: ignore[arg-type]
+    assert perf.Machine(alpha=np.float32(1e-6), gemm_half=np.int64(8)).gemm_half == 8
     with pytest.raises(ValueError, match="m must"):
         perf.matmul_traffic(-1, 2, 2, (1, 1))
     with pytest.raises(ValueError, match="grid_dims"):

@@ -6,10 +6,9 @@ import ctypes
 import os
 from functools import lru_cache
 
-__all__ = ["cuda_aware", "cuda_aware_reason"]
+from .env import cuda_aware_setting, flag_set
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+__all__ = ["cuda_aware", "cuda_aware_reason"]
 
 
 def _loaded_mpi_libraries() -> list[str]:
@@ -63,17 +62,20 @@ def cuda_aware_reason(*, override: bool = True) -> tuple[bool, str]:
     -------
     (bool, str)
         The decision and where it came from.
+
+    Raises
+    ------
+    ValueError
+        If ``HPCTP_CUDA_AWARE`` is set to something that is not a boolean.
     """
-    env = os.environ.get("HPCTP_CUDA_AWARE", "").strip().lower() if override else ""
-    if env in _TRUE:
-        return True, "HPCTP_CUDA_AWARE=1"
-    if env in _FALSE:
-        return False, "HPCTP_CUDA_AWARE=0"
+    forced = cuda_aware_setting() if override else None
+    if forced is not None:
+        return forced, f"HPCTP_CUDA_AWARE={int(forced)}"
     found, why = _query_library()
     if found is not None:
         return found, why
     for var in ("MPICH_GPU_SUPPORT_ENABLED", "OMPI_MCA_opal_cuda_support", "MPIR_CVAR_ENABLE_GPU"):
-        if os.environ.get(var, "").strip().lower() in _TRUE:
+        if flag_set(var):
             return True, f"{var}=1"
     return False, "not detected (set HPCTP_CUDA_AWARE=1 to force)"
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from mpi4py import MPI
+
+from .collectives import raise_if_any
+from .env import device_setting
 
 __all__ = ["local_rank", "gpu_count", "select_device", "current_device", "use_device"]
 
@@ -59,12 +61,28 @@ def select_device(comm: Any) -> int | None:
     -------
     int or None
         The selected device index, or None when no GPU is visible.
+
+    Raises
+    ------
+    ValueError
+        On every rank, if ``HPCTP_DEVICE`` is not a device index this rank can see.
     """
     lrank, _ = local_rank(comm)
     n = gpu_count()
-    if n == 0:
-        return None
-    dev = int(os.environ.get("HPCTP_DEVICE", lrank % n))
+    error: ValueError | None = None
+    dev: int | None = None
+    try:
+        forced = device_setting()
+        if n > 0:
+            dev = lrank % n if forced is None else forced
+            if dev >= n:
+                raise ValueError(
+                    f"HPCTP_DEVICE={dev} but rank {comm.Get_rank()} sees {n} GPU(s) (0..{n - 1}); "
+                    f"unset it, or check CUDA_VISIBLE_DEVICES"
+                )
+    except ValueError as e:
+        error = e
+    raise_if_any(getattr(comm, "comm", comm), error)
     use_device(dev)
     return dev
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from mpi4py import MPI
 
+from ..ints import is_int
 from ..layout import grid_coords
 from .collectives import allgather_ints, raise_if_any
+from .env import environment_error
 
 __all__ = ["ProcessGrid", "check_grid"]
 
@@ -31,6 +34,7 @@ def _agreed_shape(
             raise ValueError(f"periods has {len(per)} entries but the grid has {len(shape)} axes")
         if len(shape) > _MAX_AXES:
             raise ValueError(f"a grid has at most {_MAX_AXES} axes, got dims {shape}")
+        error = environment_error()  # a bad HPCTP_* setting surfaces here, on every rank
     except (TypeError, ValueError) as e:
         error = e
     raise_if_any(comm, error)
@@ -49,12 +53,12 @@ def _agreed_shape(
 
 
 def _normalize_dims(dims: int | Sequence[int], size: int) -> tuple[int, ...]:
-    if isinstance(dims, bool):
+    if isinstance(dims, (bool, np.bool_)):
         raise TypeError(f"dims must be an int or a sequence of ints, got {dims!r}")
-    if isinstance(dims, int):
+    if is_int(dims):
         if dims < 1:
             raise ValueError(f"dims={dims}: a grid needs at least one axis")
-        dims = [0] * dims
+        dims = [0] * int(dims)
     try:
         raw = list(dims)
     except TypeError:
@@ -62,8 +66,9 @@ def _normalize_dims(dims: int | Sequence[int], size: int) -> tuple[int, ...]:
     if not raw:
         raise ValueError("dims must not be empty")
     for i, d in enumerate(raw):
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+        if not is_int(d) or d < 0:
             raise ValueError(f"dims[{i}]={d!r} must be a non-negative int (0 = let MPI choose)")
+        raw[i] = int(d)
     fixed = math.prod(d for d in raw if d > 0)
     if 0 not in raw:
         if fixed != size:
@@ -175,7 +180,7 @@ class ProcessGrid:
         return int(self.comm.Get_cart_rank(list(coords)))
 
     def _check_axis(self, axis: int) -> None:
-        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < self.ndim:
+        if not is_int(axis) or not 0 <= axis < self.ndim:
             raise ValueError(f"axis={axis!r} is not an axis of a {self.ndim}-D grid (0..{self.ndim - 1})")
 
     # ------------------------------------------------------------------ lifetime

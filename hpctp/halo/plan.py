@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ints import is_int
 from ..layout import Layout, grid_coords, grid_rank
 
 __all__ = [
@@ -228,13 +229,13 @@ def normalize_widths(width: object, split: Sequence[int | None]) -> tuple[Range,
     ndim = len(split)
 
     def _int(v: object) -> int:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if not is_int(v):
             raise TypeError(f"halo widths must be ints, got {v!r}")
         if v < 0:
             raise ValueError(f"halo widths must be >= 0, got {v}")
         return int(v)
 
-    if isinstance(width, (int, np.integer)) and not isinstance(width, bool):
+    if is_int(width):
         w = _int(width)
         return tuple((w, w) if g is not None else (0, 0) for g in split)
     try:
@@ -245,7 +246,7 @@ def normalize_widths(width: object, split: Sequence[int | None]) -> tuple[Range,
         raise ValueError(f"width has {len(items)} entries but the block has {ndim} dims; give one per dim")
     out = []
     for it in items:
-        if isinstance(it, (int, np.integer)) and not isinstance(it, bool):
+        if is_int(it):
             w = _int(it)
             out.append((w, w))
         else:

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import comm as C
 from ..comm import ProcessGrid
+from ..ints import is_int
 from ._ckpt_state import (
     Entry,
     file_dtype,
@@ -93,7 +94,7 @@ def save_checkpoint(
     scalars: dict[str, dict[str, Any]] = {}
     groups = ""
     try:
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        if not is_int(step) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         resolved = resolve_method(method, grid.size)
         entries = model_entries(model, grid)

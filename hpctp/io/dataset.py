@@ -24,6 +24,7 @@ import numpy as np
 from .. import comm as C
 from ..backend import BACKENDS, from_numpy
 from ..comm import ProcessGrid
+from ..ints import is_int
 from ..layout import Layout
 from ..tensor import DistTensor
 from ._files import check_dataset_name, get_dataset, native_dtype, open_local
@@ -132,7 +133,7 @@ class FieldDataset:
                     f"{self.path}: target dataset {targets!r} has {self._y.shape[0]} samples but "
                     f"{self.dataset!r} has {n}; they must have the same leading size"
                 )
-        elif isinstance(targets, (int, np.integer)) and not isinstance(targets, bool):
+        elif is_int(targets):
             if targets < 1:
                 raise ValueError(f"targets={targets}: a lag must be >= 1 (or pass a dataset name, or None)")
             self.lag = int(targets)

@@ -27,6 +27,7 @@ from .. import comm as C
 from ..backend import BACKENDS, from_numpy, numpy_dtype, to_numpy
 from ..comm import ProcessGrid
 from ..dtypes import dtype_name
+from ..ints import is_int
 from ..layout import Layout
 from ..tensor import DistTensor
 from ._files import (
@@ -230,7 +231,7 @@ def _read_local(
         shape = tuple(ds.shape)
         lead: tuple[int, ...] = ()
         if index is not None:
-            if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            if not is_int(index):
                 raise ValueError(f"index must be an int or None, got {index!r}")
             if not shape or not -shape[0] <= index < shape[0]:
                 raise ValueError(

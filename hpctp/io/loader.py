@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import comm as C
+from ..ints import is_int
 from ..tensor import DistTensor
 from .dataset import FieldDataset
 
@@ -70,7 +71,7 @@ class FieldLoader:
         values = [0, 0, 0, 0, 0, -1]
         try:
             for name, v, lo in (("batch_size", batch_size, 1), ("seed", seed, 0), ("prefetch", prefetch, 0)):
-                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                if not is_int(v) or v < lo:
                     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
             samples = zlib.crc32(np.asarray(dataset.samples, dtype=np.int64, order="C").tobytes())
             values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), samples]

@@ -4,23 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..ints import as_int
+
 __all__ = ["block_range", "block_cuts", "block_sizes", "owner_of", "check_cuts"]
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)  # type: ignore[arg-type]
 
 
 def block_range(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -50,9 +36,9 @@ def block_range(n: int, parts: int, index: int) -> tuple[int, int]:
     TypeError
         If an argument is not an integer.
     """
-    n = _check_int("n", n, 0)
-    parts = _check_int("parts", parts, 1)
-    index = _check_int("index", index, 0)
+    n = as_int(n, "n", 0)
+    parts = as_int(parts, "parts", 1)
+    index = as_int(index, "index", 0)
     if index >= parts:
         raise ValueError(f"index must be < parts={parts}, got {index}")
     base, extra = divmod(n, parts)
@@ -75,7 +61,7 @@ def block_cuts(n: int, parts: int) -> tuple[int, ...]:
     tuple of int
         ``cuts`` with ``cuts[0] == 0``, ``cuts[-1] == n``; block ``i`` is ``[cuts[i], cuts[i+1])``.
     """
-    parts = _check_int("parts", parts, 1)
+    parts = as_int(parts, "parts", 1)
     return (0,) + tuple(block_range(n, parts, i)[1] for i in range(parts))
 
 
@@ -112,7 +98,7 @@ def check_cuts(cuts: Sequence[int], n: int, parts: int, what: str = "cuts") -> t
     ValueError
         If ``cuts`` does not have ``parts + 1`` non-decreasing entries from 0 to ``n``.
     """
-    out = tuple(_check_int(what, c, 0) for c in cuts)
+    out = tuple(as_int(c, what, 0) for c in cuts)
     if len(out) != parts + 1 or out[0] != 0 or out[-1] != n or any(b < a for a, b in zip(out[:-1], out[1:])):
         raise ValueError(
             f"{what}={out} must be {parts + 1} non-decreasing boundaries from 0 to {n} (one block per grid coordinate)"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, cast
 
+from ..ints import is_int
 from .blocks import block_cuts, block_sizes, check_cuts
 
 __all__ = ["Layout", "normalize_split", "grid_coords", "grid_rank"]
@@ -49,13 +49,13 @@ def normalize_split(split: object, ndim: int, grid_ndim: int) -> tuple[int | Non
     """
     if split is None:
         return (None,) * ndim
-    if isinstance(split, int) and not isinstance(split, bool):
+    if is_int(split):
         if ndim != 1:
             raise ValueError(
                 f"split={split!r} is a single int but the tensor has {ndim} dims; give one "
                 f"entry per tensor dim, e.g. split={tuple([split] + [None] * (ndim - 1))}"
             )
-        split = (split,)
+        split = (int(split),)
     try:
         items = tuple(cast(Iterable[Any], split))
     except TypeError:
@@ -70,13 +70,14 @@ def normalize_split(split: object, ndim: int, grid_ndim: int) -> tuple[int | Non
         if g is None:
             out.append(None)
             continue
-        if isinstance(g, bool) or not isinstance(g, int):
+        if not is_int(g):
             raise TypeError(f"split[{d}] must be an int grid axis or None, got {g!r}")
         if not 0 <= g < grid_ndim:
             raise ValueError(
                 f"split[{d}]={g} is out of range for a {grid_ndim}-D process grid "
                 f"(valid grid axes: 0..{grid_ndim - 1}, or None)"
             )
+        g = int(g)
         if g in out:
             raise ValueError(
                 f"split={items} uses grid axis {g} for more than one tensor dim; each grid "
@@ -118,11 +119,13 @@ class Layout:
     cuts: tuple[tuple[int, ...] | None, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in self.global_shape):
+        if not all(is_int(s) for s in self.global_shape):
             raise TypeError(f"global_shape={tuple(self.global_shape)!r} must hold ints (sizes are not truncated)")
         shape = tuple(int(s) for s in self.global_shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"global_shape={shape} has a negative size")
+        if not all(is_int(g) for g in self.grid_dims):
+            raise TypeError(f"grid_dims={tuple(self.grid_dims)!r} must hold ints")
         dims = tuple(int(g) for g in self.grid_dims)
         if not dims or any(g < 1 for g in dims):
             raise ValueError(f"grid_dims={dims} must be a non-empty tuple of positive ints")

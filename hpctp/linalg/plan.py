@@ -34,6 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..ints import is_int
 from ..layout import Layout, block_cuts
 
 __all__ = [
@@ -67,17 +68,11 @@ def check_panel(panel: object) -> int | None:
     """
     if panel is None:
         return None
-    if isinstance(panel, bool) or not isinstance(panel, int):
-        try:
-            import numpy as np
-
-            if not isinstance(panel, np.integer):
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"panel must be None or a positive int, got {type(panel).__name__} {panel!r}") from None
-    if panel < 1:  # type: ignore[operator]
+    if not is_int(panel):
+        raise TypeError(f"panel must be None or a positive int, got {type(panel).__name__} {panel!r}")
+    if panel < 1:
         raise ValueError(f"panel must be a positive int (the SUMMA panel width), got {panel}")
-    return int(panel)  # type: ignore[arg-type]
+    return int(panel)
 
 
 def logical_axes(layout: Layout, transpose: bool) -> tuple[tuple[int, tuple[int, ...]], tuple[int, tuple[int, ...]]]:

@@ -40,8 +40,9 @@ def plan_25d(
         ``(0, 1)`` (replicated over grid axis 2).
     transpose_a, transpose_b : bool
     panel : int, optional
-        Default: :func:`~hpctp.linalg.plan.default_panel`, reduced so every merged block
-        gives at least ``c`` panels.
+        Default: :func:`~hpctp.linalg.plan.default_panel`, reduced to ``ceil(w / c)`` where
+        ``w`` is the widest merged block of the contraction dim, so that block gives at least
+        ``c`` panels (narrower blocks may give fewer, and some layers then idle on them).
 
     Returns
     -------

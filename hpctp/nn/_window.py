@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from ..comm import ProcessGrid
 from ..halo.plan import fetch_plan
 from ..halo.run import FetchHandle, begin_fetch
+from ..ints import is_int
 from ..layout import Layout, normalize_split
 from ._fetch import Fetch, FetchStrips, GradSink, Slot
 
@@ -105,8 +106,8 @@ def full_split(split: object, nd: int, grid_ndim: int) -> tuple[int | None, ...]
 
 def ntuple(v: object, nd: int, name: str, minimum: int = 1) -> tuple[int, ...]:
     """Local. An int or a length-``nd`` sequence of ints as a tuple (validated)."""
-    items = (v,) * nd if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else tuple(v)  # type: ignore[arg-type]
-    if len(items) != nd or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in items):
+    items = (v,) * nd if is_int(v) else tuple(v)  # type: ignore[arg-type]
+    if len(items) != nd or not all(is_int(i) for i in items):
         raise ValueError(f"{name}={v!r} must be an int or {nd} ints")
     if any(i < minimum for i in items):
         raise ValueError(f"{name}={v!r} must be >= {minimum}")
@@ -274,8 +275,9 @@ def _check_input(
 ) -> None:  # fmt: skip
     """Everything torch would reject inside the op, checked before any message is posted
     (from global quantities, so every rank agrees)."""
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+    if not is_int(groups) or groups < 1:
         raise ValueError(f"groups must be an int >= 1, got {groups!r}")
+    groups = int(groups)
     if weight.ndim != nd + 2:
         raise ValueError(f"weight must have {nd + 2} dims, got {weight.ndim}")
     if transposed:  # weight [in, out / groups, *k]
@@ -380,7 +382,7 @@ def pool(
 ) -> tuple[torch.Tensor, Layout]:
     """Collective over grid. Block of the global max/avg pooling and the output layout."""
     k = ntuple(kernel_size, nd, "kernel_size")
-    s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else ntuple(stride, nd, "stride")  # type: ignore[arg-type]
+    s = k if stride is None or (not is_int(stride) and len(stride) == 0) else ntuple(stride, nd, "stride")  # type: ignore[arg-type]
     p, dil = ntuple(padding, nd, "padding", 0), ntuple(dilation, nd, "dilation")
     specs = []
     for d in range(nd):
@@ -416,8 +418,9 @@ def pool(
         raise ValueError("avg pooling is provided for 2-D and 3-D fields")
     afn = (None, F.avg_pool2d, F.avg_pool3d)[nd - 1]
     if divisor_override is not None:
-        if isinstance(divisor_override, bool) or not isinstance(divisor_override, int) or divisor_override == 0:
+        if not is_int(divisor_override) or divisor_override == 0:
             raise ValueError(f"divisor_override must be a non-zero int or None, got {divisor_override!r}")
+        divisor_override = int(divisor_override)
 
         def aop(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
             return afn(inp, k, s, pad, ceil_mode, True, divisor_override)  # type: ignore[misc]

@@ -36,6 +36,7 @@ from mpi4py import MPI
 
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
+from ..ints import is_int
 from ..layout import Layout
 from ..ops.transfer import redistribute_block
 
@@ -73,15 +74,15 @@ def normalize_axes(grid: ProcessGrid, axes: Sequence[int] | None) -> tuple[int, 
     """
     if axes is None:
         return tuple(range(grid.ndim))
-    if isinstance(axes, int) and not isinstance(axes, bool):
-        axes = (axes,)
+    if is_int(axes):
+        axes = (int(axes),)
     out: list[int] = []
     for a in axes:
-        if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < grid.ndim:
+        if not is_int(a) or not 0 <= a < grid.ndim:
             raise ValueError(f"axes entry {a!r} is not an axis of a {grid.ndim}-D grid (0..{grid.ndim - 1})")
         if a in out:
             raise ValueError(f"axes={tuple(axes)} repeats grid axis {a}")
-        out.append(a)
+        out.append(int(a))
     return tuple(sorted(out))
 
 

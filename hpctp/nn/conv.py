@@ -16,6 +16,7 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
+from ..ints import is_int
 from . import functional as HF
 from ._window import full_split
 
@@ -32,10 +33,10 @@ def init_replicated(module: torch.nn.Module, init: Callable[[], None], grid: Pro
     seed, rank 0's values are broadcast over the grid.
     """
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if not is_int(seed) or seed < 0:
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.manual_seed(int(seed))
             init()
         return
     init()

@@ -40,6 +40,7 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
+from ..ints import is_int
 from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
 from ..linalg.summa import summa_block
@@ -50,16 +51,17 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "Linear2D", "Linear", "i
 _BIAS_STREAM = 0x5DEECE66D
 
 
-def _check_features(in_features: object, out_features: object) -> None:
+def _check_features(in_features: object, out_features: object) -> tuple[int, int]:
     for name, v in (("in_features", in_features), ("out_features", out_features)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return int(in_features), int(out_features)  # type: ignore[call-overload]
 
 
 def _check_axis(grid: ProcessGrid, axis: object) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < grid.ndim:
+    if not is_int(axis) or not 0 <= axis < grid.ndim:
         raise ValueError(f"axis={axis!r} is not an axis of the {grid.ndim}-D grid {grid.dims}")
-    return axis
+    return int(axis)
 
 
 def init_block(
@@ -253,7 +255,7 @@ class ColumnParallelLinear(torch.nn.Module):
     ) -> None:  # fmt: skip
         super().__init__()
         self.grid = check_grid(grid)
-        _check_features(in_features, out_features)
+        in_features, out_features = _check_features(in_features, out_features)
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features, self.gather_output = in_features, out_features, bool(gather_output)
         self.out_cuts = block_cuts(out_features, grid.dims[axis])
@@ -331,7 +333,7 @@ class RowParallelLinear(torch.nn.Module):
     ) -> None:  # fmt: skip
         super().__init__()
         self.grid = check_grid(grid)
-        _check_features(in_features, out_features)
+        in_features, out_features = _check_features(in_features, out_features)
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = bool(input_is_parallel)
@@ -452,7 +454,7 @@ class Linear2D(torch.nn.Module):
         self.grid = check_grid(grid)
         if grid.ndim != 2:
             raise ValueError(f"Linear2D needs a 2-D grid, got dims {grid.dims}")
-        _check_features(in_features, out_features)
+        in_features, out_features = _check_features(in_features, out_features)
         self.in_features, self.out_features = in_features, out_features
         self.panel = check_panel(panel)
         self.w_layout = Layout((out_features, in_features), grid.dims, (0, 1))

@@ -20,6 +20,8 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
+from ..halo.infer import infer_layout
+from ..ints import is_int
 from ..tensor import DistTensor
 from ._window import full_split
 from .autograd_comm import Comms, check_grid, comms_for_axes, reduce_sum_
@@ -60,8 +62,8 @@ def field_axes(grid: ProcessGrid, split: object, n_spatial: int) -> tuple[tuple[
     ValueError, TypeError
         On an invalid split.
     """
-    if isinstance(split, int) and not isinstance(split, bool):
-        split = (split,)
+    if is_int(split):
+        split = (int(split),)
     if split is not None:
         try:
             split = tuple(split)  # type: ignore[call-overload, arg-type]
@@ -102,6 +104,20 @@ def unwrap_block(x: Any, grid: ProcessGrid, split: object = ...) -> tuple[torch.
         layout = x.layout
         return x.local, lambda y: DistTensor(y, x.grid, layout)
     raise TypeError(f"input must be a torch.Tensor block or a DistTensor, got {type(x).__name__}")
+
+
+def _agree_on_blocks(
+    x: Any, block: torch.Tensor | None, grid: ProcessGrid, split: tuple[int | None, ...] | None,
+    error: Exception | None,
+) -> None:  # fmt: skip
+    """Collective over grid. Raise ``error`` (a failed local check) on every rank; then, for a plain
+    block (a DistTensor's layout is known to tile), check that the blocks tile one global field
+    ``[N, C, *spatial]`` split as ``split``: same batch size and channels everywhere, spatial sizes
+    agreeing along the grid. Statistics of blocks that do not tile would be silently wrong, or
+    (GroupNorm, per-sample statistics) their messages would not match."""
+    C.raise_if_any(grid.comm, error)
+    if not isinstance(x, DistTensor) and block is not None and split is not None:
+        infer_layout(tuple(block.shape), grid, (None, None) + tuple(split))
 
 
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -278,17 +294,18 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             On a wrong number of dims or channels, or (training) a global field with one
             value per channel.
         """
-        x, wrap = unwrap_block(x, self.grid, self.split)
         use_batch = self.training or self.running_mean is None
+        error: Exception | None = None
         try:
-            self._check_input_dim(x)
-            error = None
-        except ValueError as e:
+            block, wrap = unwrap_block(x, self.grid, self.split)
+            self._check_input_dim(block)
+        except (TypeError, ValueError) as e:
             error = e
         if use_batch:  # agree before the statistics messages: a bad block on one rank raises everywhere
-            C.raise_if_any(self.grid.comm, error)
+            _agree_on_blocks(x, block if error is None else None, self.grid, self.split, error)
         elif error is not None:  # eval with running statistics: purely local
             raise error
+        x = block
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
@@ -438,8 +455,8 @@ class GroupNorm(torch.nn.GroupNorm):
         split: Sequence[int | None] | None = None,
     ) -> None:
         check_grid(grid)
-        if isinstance(split, int) and not isinstance(split, bool):
-            split = (split,)
+        if is_int(split):
+            split = (int(split),)
         if split is not None:
             field_axes(grid, split, len(tuple(split)))  # validate axes now; dims are known in forward
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
@@ -465,14 +482,15 @@ class GroupNorm(torch.nn.GroupNorm):
             On a wrong number of dims or channels, or a split that does not fit the block.
         """
         error: Exception | None = None
+        x_in = x
         try:
             x, wrap = unwrap_block(x, self.grid, self.split)
             if x.dim() < 3 or x.shape[1] != self.num_channels:
                 raise ValueError(f"expected a block [N, {self.num_channels}, *spatial], got shape {tuple(x.shape)}")
-            _, axes = field_axes(self.grid, self.split, x.dim() - 2)
+            sp, axes = field_axes(self.grid, self.split, x.dim() - 2)
         except (TypeError, ValueError) as e:
             error = e
-        C.raise_if_any(self.grid.comm, error)  # before the statistics messages: every rank raises
+        _agree_on_blocks(x_in, None if error else x, self.grid, None if error else sp, error)
         n, c = x.shape[0], x.shape[1]
         g = self.num_groups
         if n == 0:  # no sample, no group to normalise (torch returns the empty block)

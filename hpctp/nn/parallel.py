@@ -28,6 +28,7 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
+from ..ints import is_int
 from ..layout import Layout
 from .autograd_comm import check_grid, comms_for_axes, normalize_axes
 
@@ -174,8 +175,9 @@ def broadcast_parameters(module: torch.nn.Module, grid: ProcessGrid, root: int =
         If ``root`` is not a rank of ``grid``.
     """
     check_grid(grid)
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < grid.size:
+    if not is_int(root) or not 0 <= root < grid.size:
         raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
+    root = int(root)
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
     for p in module.parameters():
         if getattr(p, "hpctp_layout", None) is None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .. import comm as C
 from ..comm import ProcessGrid
 from ..halo.infer import infer_layout
+from ..ints import is_int
 from ..layout import Layout
 from ..tensor import DistTensor
 from .autograd_comm import Redistribute, check_grid
@@ -57,7 +58,7 @@ def _spatial_dims(split: object) -> set[int] | None:
     """
     if split is None:
         return None
-    items = (split,) if isinstance(split, int) else tuple(split)  # type: ignore[arg-type]
+    items = (split,) if is_int(split) else tuple(split)  # type: ignore[arg-type]
     if len(items) > 2 and items[0] is None and items[1] is None:
         return {len(items), len(items) - 2}
     return {len(items)}

@@ -11,6 +11,7 @@ import numpy as np
 from .. import comm as C
 from ..backend import Array, as_contiguous, backend_name, dtype_kind, is_torch, is_torch_dtype
 from ..comm import ProcessGrid
+from ..ints import is_int
 from ..layout import Layout
 
 __all__ = ["normalize_axes", "reduce_block", "REDUCTIONS"]
@@ -28,10 +29,10 @@ def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
     """
     if axis is None:
         return tuple(range(ndim))
-    items = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    items = (axis,) if is_int(axis) else tuple(axis)
     out = []
     for a in items:
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+        if not is_int(a):
             raise TypeError(f"axis entries must be ints, got {a!r}")
         if not -ndim <= a < ndim:
             raise ValueError(f"axis {a} is out of range for a {ndim}-D tensor")
