@@ -39,12 +39,13 @@ test-main: install
 test-mpio:
 	bash tests/run_mpio.sh
 
-# style and types (not part of `make test`): ruff lint + format check over the tree, mypy on the library
+# style and types (not part of `make test`): ruff lint + format check over the tree, mypy on the library,
+# the apps and the benchmarks
 lint: install
 	$(PY) -m pip install -q -c constraints.txt -e ".[lint]"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m mypy hpctp
+	$(PY) -m mypy hpctp apps benchmarks
 
 capi: install
 	cmake -S . -B build/capi -DPython3_EXECUTABLE=$(abspath $(PY)) && cmake --build build/capi -j

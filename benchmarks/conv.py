@@ -95,27 +95,23 @@ def distributed(args: argparse.Namespace) -> None:
     import numpy as np
 
     import hpctp
+    from hpctp.nn import sync_gradients
     from hpctp.nn.conv import Conv2d
 
     grid = hpctp.ProcessGrid((0, 0) if args.grid is None else tuple(args.grid))
     dtype = getattr(torch, args.dtype)
     lay = hpctp.Layout((1, args.channels, args.size, args.size), grid.dims, (None, None, 0, 1))
     base = _rss_mb()
-    x = _field(args.channels, *lay.local_ranges(grid.coords)[2:], dtype)
+    rows, cols = lay.local_ranges(grid.coords)[2:]
+    x = _field(args.channels, rows, cols, dtype)
 
     def make(c: int, seed: int) -> torch.nn.Module:
         return Conv2d(c, c, 3, padding=1, dtype=dtype, grid=grid, seed=seed, overlap=not args.no_overlap)
 
     model = _stack(make, args.layers, args.channels)
-    params = list(model.parameters())
 
-    def sync() -> None:  # sum the partial parameter gradients (what hpctp.nn.sync_gradients does)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        hpctp.comm.allreduce(grid.comm, flat, "sum")
-        off = 0
-        for p in params:
-            p.grad.copy_(flat[off : off + p.numel()].view_as(p.grad))
-            off += p.numel()
+    def sync() -> None:  # sum the partial parameter gradients (one all-reduce per bucket)
+        sync_gradients(model, grid)
 
     grid.comm.Barrier()
     sec, cpu, loss = _run(model, x, args.reps, sync)
@@ -190,4 +186,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from hpctp.runner import run_main
+
+    run_main(main)  # an error on one rank aborts the job instead of hanging the others

@@ -112,4 +112,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from hpctp.runner import run_main
+
+    run_main(main)  # an error on one rank aborts the job instead of hanging the others

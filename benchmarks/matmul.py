@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 _CHILD = """
 import json, os, sys, time
@@ -85,10 +87,11 @@ def main() -> int:
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    heat, heat_note = None, ""
+    heat: Any = None
+    heat_note = ""
     if not args.no_heat:
         try:
-            import heat
+            heat = importlib.import_module("heat")
         except Exception as e:  # noqa: BLE001 - any import failure means "not available"
             heat_note = f"Heat not available ({type(e).__name__}: {e}); pip install heat"
     else:
@@ -164,7 +167,7 @@ def main() -> int:
         # check: C[:, :4] against A @ B[:, :4] (numpy, on rank 0)
         cg = c.gather(root=0)
         ok = True
-        if rank == 0:
+        if cg is not None:  # rank 0
             A = block_normal((n, n), ((0, n), (0, n)), 1)
             B4 = block_normal((n, n), ((0, n), (0, 4)), 2)
             ok = bool(np.allclose(cg[:, :4], A @ B4, rtol=1e-10, atol=1e-10))
@@ -216,4 +219,6 @@ def _report(rows: list[tuple], size: int, heat_note: str) -> None:  # type: igno
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpctp.runner import run_main
+
+    run_main(main)  # an error on one rank aborts the job instead of hanging the others

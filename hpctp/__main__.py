@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-__all__ = ["main"]
+from .runner import run_main
+
+__all__ = ["main", "cli"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,5 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if worst < 1e-10 else 1
 
 
+def cli() -> NoReturn:
+    """Collective over COMM_WORLD. The ``hpctp`` command: :func:`main`, and an error on one rank
+    aborts the job instead of leaving the others waiting."""
+    run_main(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

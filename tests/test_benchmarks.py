@@ -1,4 +1,5 @@
-"""The one-shot GPU check script, dry-run on the CPU so it cannot rot between GPU loans."""
+"""The benchmark scripts, run small on the CPU so they cannot rot: the one-shot GPU check (dry run)
+and the CPU benchmarks on 2 ranks, each printing its ratio against the reference of the same run."""
 
 from __future__ import annotations
 
@@ -30,3 +31,44 @@ def test_gpu_check_dry_run_runs_every_step() -> None:
     assert proc.returncode == 0, out[-4000:]
     assert summary.count("\nok ") == 5 and "FAIL" not in summary and "SKIP" not in summary, summary
     assert "SUMMA fp32 n=256" in out and "halo conv fwd+bwd 1x16x64x64" in out and "ratio" in out, out[-3000:]
+
+
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+SMALL = {
+    "matmul.py": (["--sizes", "96", "--reps", "1", "--no-heat"], ["results match numpy", "| 96 | hpctp SUMMA"]),
+    "conv.py": (
+        ["--size", "32", "--channels", "2", "--layers", "1", "--reps", "1"],
+        ["time ratio hpctp/torch", "loss check"],
+    ),
+    "io_read.py": (["--gib", "0.002", "--repeat", "1"], ["speed-up  :", "2 ranks   :"]),
+}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("script", sorted(SMALL))
+def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
+    args, expect = SMALL[script]
+    if script == "io_read.py":
+        args = [*args, "--dir", str(tmp_path)]
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for line in expect:
+        assert line in out, out[-3000:]
+    if script == "conv.py":  # the same loss on 2 ranks and in the single-process reference
+        diff = float(out.split("rel diff")[1].split()[0])
+        assert diff < 1e-5, out[-2000:]
+
+
+@pytest.mark.timeout(200)
+def test_error_on_one_rank_aborts_the_benchmark(tmp_path: Path) -> None:
+    """Rank 0 fails before the first collective (no such directory): the job ends, none waits."""
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, str(ROOT / "benchmarks" / "io_read.py"), "--dir", str(tmp_path / "missing")],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    # MPI_Abort may cut the launcher's forwarding of the traceback: the exit status is the contract
+    assert proc.returncode != 0 and "speed-up" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -28,3 +30,20 @@ def test_demo_under_mpiexec() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "demo ok" in proc.stdout
     assert "[rank 0/3]" in proc.stderr and "[rank 1/3]" not in proc.stderr  # rank 0 logs only
+
+
+def test_run_main_exits_with_the_status_and_reports_the_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    from hpctp.runner import run_main
+
+    with pytest.raises(SystemExit) as ok:
+        run_main(lambda: 3)
+    assert ok.value.code == 3
+
+    def fails() -> int:
+        raise KeyError("missing input")
+
+    with pytest.raises(SystemExit) as failed:  # one rank: no MPI_Abort, exit status 1
+        run_main(fails)
+    assert failed.value.code == 1
+    err = capsys.readouterr().err
+    assert "[rank 0/1] error:" in err and "KeyError: 'missing input'" in err

@@ -59,6 +59,6 @@ def save_snapshots(snaps: hpctp.DistTensor, path: str, cfg: dict[str, Any]) -> N
     """Collective over grid. Write snapshots to ``path`` (dataset ``fields``) with the parameters as attributes."""
     Path(path).parent.mkdir(parents=True, exist_ok=True) if snaps.grid.rank == 0 else None
     snaps.grid.comm.Barrier()
-    attrs = {k: v for k, v in cfg.items() if isinstance(v, (int, float, str))}
+    attrs: dict[str, Any] = {k: v for k, v in cfg.items() if isinstance(v, (int, float, str))}
     attrs["size"] = np.asarray(cfg["size"])
     save_hdf5(snaps, path, "fields", mode="w", attrs=attrs)

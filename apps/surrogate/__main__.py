@@ -81,6 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..common.runner import run_main
+    from hpctp.runner import run_main
 
     run_main(main)

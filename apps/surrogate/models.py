@@ -37,7 +37,7 @@ def _conv(
     )
 
 
-def _zero(conv: torch.nn.Module) -> torch.nn.Module:
+def _zero(conv: Any) -> torch.nn.Module:
     """Zero the last layer: the untrained model predicts "no change" (persistence) exactly."""
     with torch.no_grad():
         conv.weight.zero_()
@@ -48,6 +48,8 @@ def _zero(conv: torch.nn.Module) -> torch.nn.Module:
 
 class ResidualCNN(torch.nn.Module):
     """Collective over grid. ``depth`` 3x3 conv + GELU layers of ``width`` channels, then a 1x1 conv."""
+
+    delta_scale: torch.Tensor  # a buffer: the RMS of one step's change (see train.fit_delta_scale)
 
     def __init__(
         self, channels: int, width: int, depth: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
@@ -70,6 +72,8 @@ class ResidualCNN(torch.nn.Module):
 class UNet(torch.nn.Module):
     """Collective over grid. A U-Net: per level two 3x3 convs, 2x2 max-pool down, nearest upsample
     and skip concatenation up, a 1x1 head; ``levels`` poolings."""
+
+    delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
 
     def __init__(
         self, channels: int, width: int, levels: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
@@ -101,7 +105,7 @@ class UNet(torch.nn.Module):
         self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
 
     @staticmethod
-    def _pair(convs: torch.nn.ModuleList, h: Any) -> Any:
+    def _pair(convs: Any, h: Any) -> Any:
         for conv in convs:
             h = pointwise(torch.nn.functional.gelu, conv(h))
         return h

@@ -42,7 +42,7 @@ def fit_delta_scale(model: torch.nn.Module, pairs: Any, grid: hpctp.ProcessGrid)
     hpctp.comm.allreduce(grid.comm, sums, "sum")
     scale = float(np.sqrt(sums[0] / max(sums[1], 1.0))) or 1.0
     with torch.no_grad():
-        model.delta_scale.fill_(scale)
+        model.get_buffer("delta_scale").fill_(scale)
     return scale
 
 

@@ -1,20 +1,36 @@
-"""Run an app's ``main`` so that an exception on any rank ends the whole MPI job (no hang)."""
+"""Run a program's ``main`` so that an exception on any rank ends the whole MPI job (no hang).
+
+The apps, the benchmarks and ``python -m hpctp`` start through :func:`run_main`; a script
+of a simulation code driving hpctp can do the same.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 __all__ = ["run_main"]
 
 
-def run_main(main: Callable[[], int]) -> None:
+def run_main(main: Callable[[], int | None]) -> NoReturn:
     """Collective over COMM_WORLD. Call ``main()`` and exit with its status.
 
     An exception on one rank prints its traceback with the rank and calls
     ``MPI_Abort`` (when more than one rank runs), so the other ranks never wait
     forever in a collective the failed rank will not reach.
+
+    Parameters
+    ----------
+    main : callable
+        Takes no argument; returns the exit status (None counts as 0).
+
+    Raises
+    ------
+    SystemExit
+        Always: with ``main``'s status, or 1 after an exception on a single rank.
     """
     try:
         code = main()
@@ -27,6 +43,7 @@ def run_main(main: Callable[[], int]) -> None:
         sys.stderr.write(f"[rank {world.Get_rank()}/{world.Get_size()}] error:\n{traceback.format_exc()}")
         sys.stderr.flush()
         if world.Get_size() > 1:
+            time.sleep(0.5)  # let the launcher forward the traceback before the job is torn down
             world.Abort(1)
         sys.exit(1)
     sys.exit(code)

@@ -1,7 +1,7 @@
 """Parallel HDF5 read bandwidth: hpctp.io.load_hdf5 on N ranks vs one process reading everything.
 
-    mpiexec -n 2 python benchmarks/io.py            # 1 GiB float32 dataset
-    mpiexec -n 2 python benchmarks/io.py --gib 0.05 # quick check
+    mpiexec -n 2 python benchmarks/io_read.py            # 1 GiB float32 dataset
+    mpiexec -n 2 python benchmarks/io_read.py --gib 0.05 # quick check
 
 Rank 0 writes a contiguous ``[n, 512, 512]`` float32 dataset (``--gib`` GiB) into
 ``--dir``, then times (best of ``--repeat``):
@@ -115,4 +115,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from hpctp.runner import run_main
+
+    run_main(main)  # an error on one rank aborts the job instead of hanging the others
