@@ -413,3 +413,101 @@ def test_empty_blocks_and_scalars(grid1d: hpctp.ProcessGrid, shared_dir: Path) -
     assert_equal(grid1d, hpctp.io.load_hdf5(path, "a", grid1d, (0, None)).gather(root=None), a)
     assert_equal(grid1d, hpctp.io.load_hdf5(path, "e", grid1d, (0, None)).local.shape, (0, 4))
     assert_equal(grid1d, hpctp.io.load_hdf5(path, "s", grid1d, ()).local, np.array(2.5))
+
+
+# ---------------------------------------------------------------------------- arguments agreed
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "case",
+    ["load_path", "load_dataset", "load_split", "load_index", "save_path", "save_mode", "save_compression",
+     "save_layout", "dataset_split", "dataset_targets", "ckpt_step", "ckpt_load_path", "ckpt_optimizer"],
+)  # fmt: skip
+def test_arguments_that_differ_on_one_rank_raise_everywhere(grid1d: hpctp.ProcessGrid, shared_dir: Path, case) -> None:  # type: ignore[no-untyped-def]
+    """A collective call whose last rank passes another file, dataset, split, ... used to return mixed
+    or uninitialised data, or write only rank 0's choice (a replicated layout on one rank lost rows)."""
+    g = grid1d
+    odd = g.rank == g.size - 1 and g.size > 1  # on one rank, nothing can differ: the call must succeed
+    a, b = shared_dir / "a.h5", shared_dir / "b.h5"
+    x = hpctp.distribute(field((6, 2)) if g.rank == 0 else None, g, (0, None))
+    hpctp.io.save_hdf5(x, a, "u")
+    hpctp.io.save_hdf5(x * 2.0, a, "v")
+    hpctp.io.save_hdf5(x, b, "u")
+    whole = x.redistribute((None, None))  # the same data, replicated: another layout
+    model = torch.nn.Linear(2, 2)
+    hpctp.io.save_checkpoint(shared_dir / "c1.h5", model, None, 1, g)
+    hpctp.io.save_checkpoint(shared_dir / "c2.h5", model, None, 2, g)
+    calls = {
+        "load_path": lambda: hpctp.io.load_hdf5(b if odd else a, "u", g, (0, None)),
+        "load_dataset": lambda: hpctp.io.load_hdf5(a, "v" if odd else "u", g, (0, None)),
+        "load_split": lambda: hpctp.io.load_hdf5(a, "u", g, (None, None) if odd else (0, None)),
+        "load_index": lambda: hpctp.io.load_hdf5(a, "u", g, (0,), index=np.int64(1) if odd else 0),
+        "save_path": lambda: hpctp.io.save_hdf5(x, b if odd else a, "w"),
+        "save_mode": lambda: hpctp.io.save_hdf5(x, a, "w", mode="w" if odd else "a"),
+        "save_compression": lambda: hpctp.io.save_hdf5(x, a, "w", compression="gzip" if odd else None),
+        "save_layout": lambda: hpctp.io.save_hdf5(whole if odd else x, a, "w"),
+        "dataset_split": lambda: hpctp.io.FieldDataset(a, "u", g, (None,) if odd else (0,)).close(),
+        "dataset_targets": lambda: hpctp.io.FieldDataset(a, "u", g, (0,), targets=2 if odd else 1).close(),
+        "ckpt_step": lambda: hpctp.io.save_checkpoint(shared_dir / "c3.h5", model, None, 9 if odd else 3, g),
+        "ckpt_load_path": lambda: hpctp.io.load_checkpoint(shared_dir / ("c2.h5" if odd else "c1.h5"), model, None, g),
+        "ckpt_optimizer": lambda: hpctp.io.load_checkpoint(
+            shared_dir / "c1.h5", model, torch.optim.SGD(model.parameters(), 0.1) if odd else None, g
+        ),
+    }
+    before = snapshot(shared_dir)
+    if g.size == 1:
+        calls[case]()
+        return
+    with pytest.raises(ValueError, match=r"ranks passed different .*a collective call needs the same arguments"):
+        calls[case]()
+    if case.startswith("save") or case == "ckpt_step":
+        assert_all(g, snapshot(shared_dir) == before, "a refused save changed the files")
+
+
+@pytest.mark.mpi
+def test_bad_path_on_one_rank_raises_everywhere(grid1d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+    """os.fspath(None) raised on that rank alone, before any agreement: the others hung."""
+    g = grid1d
+    odd = g.rank == g.size - 1
+    good = shared_dir / "f.h5"
+    x = hpctp.zeros((4,), g, 0)
+    hpctp.io.save_hdf5(x, good, "u")
+    model = torch.nn.Linear(2, 2)
+    for call in (
+        lambda p: hpctp.io.save_hdf5(x, p, "u"),
+        lambda p: hpctp.io.load_hdf5(p, "u", g, (0,)),
+        lambda p: hpctp.io.FieldDataset(p, "u", g, ()).close(),
+        lambda p: hpctp.io.save_checkpoint(p, model, None, 1, g),
+        lambda p: hpctp.io.load_checkpoint(p, model, None, g),
+    ):
+        with pytest.raises(TypeError, match="path must be a str or os.PathLike, got NoneType"):
+            call(None if odd else good)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        hpctp.io.save_checkpoint(shared_dir / "c.h5", None if odd else model, None, 1, g)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="grid must be a hpctp.ProcessGrid"):
+        hpctp.io.load_hdf5(good, "u", "grid", (0,))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cache_bytes must be None or an int >= 0, got -1"):
+        hpctp.io.FieldDataset(good, "u", g, (), cache_bytes=-1 if odd else None)
+    hpctp.io.save_hdf5(x, str(good).encode(), "b")  # bytes paths work for saving, as for loading
+    assert_equal(g, hpctp.io.load_hdf5(str(good).encode(), "b", g, (0,)).gather(root=None), np.zeros(4))
+
+
+@pytest.mark.mpi
+def test_os_errors_keep_their_type_on_every_rank(grid1d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+    """Other ranks raised plain OSError (or RuntimeError) for what rank 0 saw as a FileExistsError."""
+    x = hpctp.zeros((4,), grid1d, 0)
+    hpctp.io.save_hdf5(x, shared_dir / "f.h5", "u")
+    with pytest.raises(FileExistsError, match="exists and mode='x'"):
+        hpctp.io.save_hdf5(x, shared_dir / "f.h5", "u", mode="x")
+    with pytest.raises(IsADirectoryError, match="it is a directory"):
+        hpctp.io.save_hdf5(x, shared_dir, "u")
+
+
+@pytest.mark.mpi
+def test_scalar_with_compression_and_float_chunks(grid1d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+    """A 0-d tensor ignores compression as an empty one does (HDF5 cannot chunk either); chunk
+    extents must be ints (1.5 was truncated to 1)."""
+    path = shared_dir / "s.h5"
+    hpctp.io.save_hdf5(hpctp.full((), 2.5, grid1d, ()), path, "s", compression="gzip")
+    assert_equal(grid1d, hpctp.io.load_hdf5(path, "s", grid1d, ()).local, np.array(2.5))
+    with pytest.raises(TypeError, match=r"chunks=\(1.5,\) must hold ints"):
+        hpctp.io.save_hdf5(hpctp.zeros((4,), grid1d, 0), path, "c", chunks=(1.5,))

@@ -90,6 +90,20 @@ def test_separate_target_dataset_and_torch(grid2d: hpctp.ProcessGrid, sim_file: 
 
 
 @pytest.mark.mpi
+def test_scalar_samples_of_a_1d_dataset(grid1d: hpctp.ProcessGrid, shared_dir: Path) -> None:
+    """An [N] dataset has 0-d samples: ds[i] gave a numpy scalar, which is not a block."""
+    path = shared_dir / "series.h5"
+    values = np.arange(6.0) * 1.5
+    hpctp.io.save_hdf5(hpctp.distribute(values if grid1d.rank == 0 else None, grid1d, (None,)), path, "t")
+    for like in ("numpy", "torch"):
+        with hpctp.io.FieldDataset(path, "t", grid1d, (), targets=1, like=like) as ds:
+            x, y = ds[2]
+            assert y is not None
+            assert_all(grid1d, x.shape == () and y.shape == () and x.local.shape == (), f"{like}: {x.local!r}")
+            assert_all(grid1d, float(x.local) == 3.0 and float(y.local) == 4.5, f"{like}: {x.local}, {y.local}")
+
+
+@pytest.mark.mpi
 def test_dataset_errors(grid1d: hpctp.ProcessGrid, sim_file: Path) -> None:
     with pytest.raises(ValueError, match="lag must be >= 1"):
         hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), targets=0)
@@ -200,7 +214,10 @@ def test_loader_rejects_different_seeds(grid1d: hpctp.ProcessGrid, sim_file: Pat
         hpctp.io.FieldLoader(ds, batch_size=0)
     ds.close()
     r = grid1d.rank % 2  # same number of samples, different ones: the batches would not match up
-    ds = hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), samples=[r, 2 + r])
+    with pytest.raises(ValueError, match="FieldDataset: ranks passed different samples"):
+        hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), samples=[r, 2 + r])
+    ds = hpctp.io.FieldDataset(sim_file, "u", grid1d, (None, 0, None), samples=[0, 2])
+    ds.samples = ds.samples + r  # changed after construction: the loader still compares them
     with pytest.raises(ValueError, match="samples checksum"):
         hpctp.io.FieldLoader(ds, batch_size=2)
     ds.close()

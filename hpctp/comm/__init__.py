@@ -1,5 +1,6 @@
 """The only part of hpctp that talks to MPI: process grids, collectives, counters."""
 
+from .agree import agree_arguments
 from .buffers import mpi_buffer, nbytes, staging_pool, synchronize
 from .collectives import (
     Pending,
@@ -30,6 +31,7 @@ __all__ = [
     "Pending",
     "ProcessGrid",
     "all_true",
+    "agree_arguments",
     "allgather_ints",
     "allgatherv",
     "allreduce",

@@ -284,7 +284,14 @@ def all_true(comm: MPI.Intracomm, ok: bool) -> bool:
     return bool(allreduce(comm, flag, "min")[0])
 
 
-_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, FileNotFoundError, KeyError, OSError, AssertionError)
+# Exception types that travel by their index (append only); another rank raises the most specific
+# one the failing rank's exception derives from, else RuntimeError.
+_ERRORS: tuple[type[Exception], ...] = (
+    ValueError, TypeError, FileNotFoundError, KeyError, OSError, AssertionError, FileExistsError,
+    IsADirectoryError, NotADirectoryError, PermissionError, AttributeError, IndexError, LookupError,
+    OverflowError, ZeroDivisionError, ArithmeticError, NotImplementedError, RuntimeError, BufferError,
+    MemoryError, UnicodeError,
+)  # fmt: skip
 
 
 def raise_if_any(comm: MPI.Intracomm, error: Exception | None) -> None:
@@ -306,7 +313,7 @@ def raise_if_any(comm: MPI.Intracomm, error: Exception | None) -> None:
     kind = -1
     msg = b""
     if error is not None and comm.Get_rank() == first:
-        kind = next((i for i, t in enumerate(_ERRORS) if isinstance(error, t)), -1)
+        kind = next((_ERRORS.index(t) for t in type(error).__mro__ if t in _ERRORS), -1)
         # KeyError's str() quotes its message; use the message itself
         text_ = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
         msg = text_.encode()[:4000]

@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 __all__ = [
+    "check_path",
     "IOKeyError",
     "METHODS",
     "mpio_available",
@@ -169,6 +170,20 @@ def _dataset_names(f: h5py.File) -> list[str]:
 
     f.visititems(visit)
     return names
+
+
+def check_path(path: object) -> str:
+    """Local. A file path (str, bytes or os.PathLike) as a str.
+
+    Raises
+    ------
+    TypeError
+        If ``path`` is none of those (e.g. None).
+    """
+    try:
+        return os.fsdecode(path)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}") from None
 
 
 def check_dataset_name(name: object) -> str:

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, check_grid
 from ..ints import is_int
 from ._ckpt_state import (
     Entry,
@@ -37,7 +37,7 @@ from ._ckpt_state import (
     param_names,
     storable,
 )
-from ._files import IOKeyError, native_dtype, resolve_method
+from ._files import IOKeyError, check_path, native_dtype, resolve_method
 from ._writer import atomic_write
 from .hdf5 import create_dataset, open_for_read, read_block
 
@@ -88,12 +88,17 @@ def save_checkpoint(
         If the directory is missing or writing fails.
     All raised on every rank.
     """
-    path = os.fspath(path)
+    grid = check_grid(grid)
     error: Exception | None = None
     entries: list[Entry] = []
     scalars: dict[str, dict[str, Any]] = {}
     groups = ""
+    fname = ""
+    where: object = path
     try:
+        fname = check_path(path)
+        where = os.path.abspath(fname)
+        _check_modules(model, optimizer)
         if not is_int(step) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         resolved = resolve_method(method, grid.size)
@@ -104,7 +109,9 @@ def save_checkpoint(
             groups = groups_json(model, optimizer)
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
-    C.raise_if_any(grid.comm, error)
+    C.agree_arguments(
+        grid.comm, "save_checkpoint", error, path=where, step=step, method=method, optimizer=optimizer is not None
+    )
     _check_same_everywhere(grid, entries, groups)
 
     def prepare(f: h5py.File) -> None:
@@ -129,7 +136,16 @@ def save_checkpoint(
         for e in mine:
             f[e.key].write_direct(storable(e.tensor), dest_sel=e.selection(grid))
 
-    atomic_write(grid, path, mode="w", prepare=prepare, write=write if mine else None, method=resolved)
+    atomic_write(grid, fname, mode="w", prepare=prepare, write=write if mine else None, method=resolved)
+
+
+def _check_modules(model: object, optimizer: object) -> None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
 
 
 def _layout_text(e: Entry) -> str:
@@ -196,25 +212,32 @@ def load_checkpoint(
         If the file is corrupt.
     All raised on every rank; nothing is modified then.
     """
-    path = os.fspath(path)
+    grid = check_grid(grid)
     error: Exception | None = None
+    fname = ""
+    where: object = path
     try:
+        fname = check_path(path)
+        where = os.path.abspath(fname)
+        _check_modules(model, optimizer)
         resolved = resolve_method(method, grid.size)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         error = e
-    C.raise_if_any(grid.comm, error)
-    f = open_for_read(path, grid, resolved)
+    C.agree_arguments(
+        grid.comm, "load_checkpoint", error, path=where, method=method, strict=strict, optimizer=optimizer is not None
+    )
+    f = open_for_read(fname, grid, resolved)
     try:
         step = 0
         values: list[tuple[Entry, np.ndarray]] = []
         opt_state: dict[str, Any] | None = None
         try:
-            step = _check_format(f, path)
+            step = _check_format(f, fname)
             entries = model_entries(model, grid)
-            _check_entries(f, path, entries, "model", strict)
-            values = [(e, _read(f, e, grid, path)) for e in entries]
+            _check_entries(f, fname, entries, "model", strict)
+            values = [(e, _read(f, e, grid, fname)) for e in entries]
             if optimizer is not None:
-                opt_state = _read_optimizer(f, path, model, optimizer, grid)
+                opt_state = _read_optimizer(f, fname, model, optimizer, grid)
         except Exception as e:  # noqa: BLE001
             error = e
         C.raise_if_any(grid.comm, error)

@@ -23,11 +23,11 @@ import numpy as np
 
 from .. import comm as C
 from ..backend import BACKENDS, from_numpy
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, check_grid
 from ..ints import is_int
 from ..layout import Layout
 from ..tensor import DistTensor
-from ._files import check_dataset_name, get_dataset, native_dtype, open_local
+from ._files import check_dataset_name, check_path, get_dataset, native_dtype, open_local
 from .hdf5 import check_stored_dtype, layout_for, read_block
 
 __all__ = ["FieldDataset", "chunk_cache_bytes"]
@@ -79,10 +79,11 @@ class FieldDataset:
     FileNotFoundError, KeyError, OSError
         Missing or corrupt file or dataset.
     ValueError
-        Bad split, lag, sample indices, a null dataspace, or a target dataset of another
-        leading size.
+        Bad split, lag, sample indices, ``cache_bytes``, a null dataspace, a target dataset
+        of another leading size, or arguments that differ between ranks.
     TypeError
-        Non-integer ``samples`` (floats and bools are not truncated to indices).
+        Non-integer ``samples`` (floats and bools are not truncated to indices), a ``path``
+        that is not a path, a ``grid`` that is not a ProcessGrid.
     All raised on every rank.
     """
 
@@ -98,17 +99,25 @@ class FieldDataset:
         like: str = "numpy",
         cache_bytes: int | None = None,
     ) -> None:
-        self.path = os.fspath(path)
-        self.grid = grid
+        self.grid = check_grid(grid)
         self.like = like
+        self.path = ""
         self._files: list[h5py.File] = []
         error: Exception | None = None
+        where: object = path
         try:
+            self.path = check_path(path)
+            where = os.path.abspath(self.path)
+            if cache_bytes is not None and (not is_int(cache_bytes) or cache_bytes < 0):
+                raise ValueError(f"cache_bytes must be None or an int >= 0, got {cache_bytes!r}")
             self._setup(dataset, split, samples, targets, cache_bytes)
         except Exception as e:  # noqa: BLE001 - agree on every failure
             error = e
         try:
-            C.raise_if_any(grid.comm, error)
+            C.agree_arguments(
+                grid.comm, "FieldDataset", error, path=where, dataset=dataset, split=split, targets=targets,
+                samples=getattr(self, "samples", None), like=like, cache_bytes=cache_bytes,
+            )  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -253,4 +262,4 @@ class FieldDataset:
 def _drop_batch(t: DistTensor) -> DistTensor:
     lay = t.layout
     one = Layout(lay.global_shape[1:], lay.grid_dims, lay.split[1:], lay.cuts[1:])
-    return DistTensor(t.local[0], t.grid, one)
+    return DistTensor(t.local[0, ...], t.grid, one)  # [0, ...]: a 0-d block, not a numpy scalar, for [N] data

@@ -25,13 +25,14 @@ import numpy as np
 
 from .. import comm as C
 from ..backend import BACKENDS, from_numpy, numpy_dtype, to_numpy
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, check_grid
 from ..dtypes import dtype_name
 from ..ints import is_int
 from ..layout import Layout
 from ..tensor import DistTensor
 from ._files import (
     check_dataset_name,
+    check_path,
     check_readable,
     get_dataset,
     native_dtype,
@@ -162,26 +163,36 @@ def load_hdf5(
         If the file does not exist.
     KeyError
         If the dataset is missing.
+    TypeError
+        If ``path`` is not a path or ``grid`` not a ProcessGrid.
     ValueError
         If the split or layout does not fit the dataset's shape, ``index`` is out of range,
-        the dtype differs from ``dtype``, or ``like``/``method`` is invalid.
+        the dtype differs from ``dtype``, ``like``/``method`` is invalid, or the ranks passed
+        different arguments (another file, dataset, split, index, ...).
     OSError
         If the file is not HDF5 or is corrupt.
     All raised on every rank.
     """
-    path = os.fspath(path)
+    grid = check_grid(grid)
     error: Exception | None = None
+    where: object = path
+    fname = ""
     try:
+        fname = check_path(path)
+        where = os.path.abspath(fname)
         if like not in BACKENDS:
             raise ValueError(f"like={like!r} must be one of {BACKENDS}")
         name = check_dataset_name(dataset)
         resolved = resolve_method(method, grid.size)
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
-    C.raise_if_any(grid.comm, error)
-    f = open_for_read(path, grid, resolved)
+    C.agree_arguments(
+        grid.comm, "load_hdf5", error, path=where, dataset=dataset, split=split, index=index, like=like,
+        dtype=dtype, method=method,
+    )  # fmt: skip
+    f = open_for_read(fname, grid, resolved)
     try:
-        local = _read_local(f, path, name, grid, split, index, dtype)
+        local = _read_local(f, fname, name, grid, split, index, dtype)
     finally:
         f.close()
     block, layout = local
@@ -272,6 +283,8 @@ def _chunk_spec(chunks: object, compression: object, layout: Layout, itemsize: i
     if chunks == "layout":
         return block_chunks(layout, itemsize) if layout.ndim else None
     if isinstance(chunks, (tuple, list)):
+        if not all(is_int(v) for v in chunks):
+            raise TypeError(f"chunks={tuple(chunks)} must hold ints (extents are not truncated)")
         c = tuple(int(v) for v in chunks)
         if len(c) != layout.ndim or any(v < 1 for v in c):
             raise ValueError(
@@ -317,7 +330,8 @@ def save_hdf5(
         block of ``x``'s layout (see the module docstring); ``True``: h5py's guess.
     compression : str, optional
         An HDF5 filter such as ``"gzip"`` or ``"lzf"``. Filtered datasets are written in
-        turns even when MPI-IO is available.
+        turns even when MPI-IO is available. Ignored (with ``chunks``) for a 0-d or empty
+        tensor, which HDF5 cannot chunk.
     compression_opts : optional
         Filter options (e.g. the gzip level).
     attrs : mapping, optional
@@ -329,10 +343,12 @@ def save_hdf5(
     Raises
     ------
     TypeError
-        If ``x`` is not a DistTensor or an attribute key is not a str.
+        If ``x`` is not a DistTensor (raised where it is not), ``path`` is not a path, an
+        attribute key is not a str, or ``chunks`` holds non-integers.
     ValueError
         On an invalid dataset name, mode, chunks or method, a dtype HDF5 cannot hold
-        (bfloat16), or when ``dataset`` names an existing group.
+        (bfloat16), when ``dataset`` names an existing group, or when the ranks passed
+        different arguments (path, mode, layout of ``x``, compression, attrs, ...).
     FileNotFoundError
         If the directory of ``path`` does not exist.
     FileExistsError
@@ -341,16 +357,19 @@ def save_hdf5(
         If an existing file (``mode="a"``) is not valid HDF5, or writing fails.
     All raised on every rank; ``path`` is left as it was.
     """
-    if not isinstance(x, DistTensor):
+    if not isinstance(x, DistTensor):  # (no grid to agree on: a rank passing another object cannot tell the others)
         raise TypeError(f"save_hdf5 needs a DistTensor, got {type(x).__name__}")
     grid, layout = x.grid, x.layout
-    path = os.fspath(path)
     error: Exception | None = None
+    where: object = path
+    fname = ""
     try:
+        fname = check_path(path)
+        where = os.path.abspath(fname)
         name = check_dataset_name(dataset)
         stored = _storable_dtype(x.dtype)
         chunk_spec = _chunk_spec(chunks, compression, layout, stored.itemsize)
-        if math.prod(layout.global_shape) == 0:  # HDF5 cannot chunk (or filter) an empty extent
+        if layout.ndim == 0 or math.prod(layout.global_shape) == 0:  # HDF5 cannot chunk (or filter) these
             chunk_spec, compression, compression_opts = None, None, None
         attrs = dict(attrs or {})
         if any(not isinstance(k, str) for k in attrs):
@@ -360,7 +379,10 @@ def save_hdf5(
             resolved = "serial"  # parallel writes to filtered datasets need collective IO
     except Exception as e:  # noqa: BLE001
         error = e
-    C.raise_if_any(grid.comm, error)
+    C.agree_arguments(
+        grid.comm, "save_hdf5", error, layout=layout, dtype=str(x.dtype), path=where, dataset=dataset, mode=mode,
+        chunks=chunks, compression=compression, compression_opts=compression_opts, attrs=attrs, method=method,
+    )  # fmt: skip
 
     scalar = np.asarray(to_numpy(x.local)) if layout.ndim == 0 and grid.rank == 0 else None
 
@@ -377,7 +399,7 @@ def save_hdf5(
         def write(f: h5py.File) -> None:
             f[name].write_direct(block, dest_sel=layout.local_slices(coords))
 
-    atomic_write(grid, path, mode=mode, prepare=prepare, write=write, method=resolved, replace=[name])
+    atomic_write(grid, fname, mode=mode, prepare=prepare, write=write, method=resolved, replace=[name])
 
 
 def _storable_dtype(dtype: object) -> np.dtype:

@@ -47,6 +47,8 @@ class FieldLoader:
     ------
     ValueError
         If an argument is invalid or differs between ranks (raised on every rank).
+    TypeError
+        If ``dataset`` is not a FieldDataset (raised where it is not: there is no grid).
 
     Notes
     -----
@@ -65,6 +67,8 @@ class FieldLoader:
         drop_last: bool = False,
         prefetch: int = 1,
     ) -> None:
+        if not isinstance(dataset, FieldDataset):  # (no grid to agree on: raised where it is wrong)
+            raise TypeError(f"FieldLoader needs a FieldDataset, got {type(dataset).__name__}")
         self.dataset = dataset
         self.grid = dataset.grid
         error: Exception | None = None
