@@ -51,15 +51,15 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
     TypeError
         If ``array`` on root is not a supported array (raised on every rank).
     ValueError
-        If ``root`` or ``split`` is invalid (raised on every rank).
+        If ``root`` or ``split`` is invalid or differs between ranks (raised on every rank).
     """
     grid = check_grid(grid)
-    if not is_int(root) or not 0 <= root < grid.size:
-        raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
-    root = int(root)
     header = None
     error: Exception | None = None
-    if grid.rank == root:
+    root_ok = is_int(root) and 0 <= root < grid.size  # type: ignore[operator]
+    if not root_ok:
+        error = ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
+    elif grid.rank == root:
         try:
             check_array(array, "distribute(array=...) on the root rank")
             array = native_order(array)  # e.g. '>f8' read from a file: receivers allocate native blocks
@@ -69,7 +69,8 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
             header += list(array.shape) + [0] * (_MAX_NDIM - array.ndim)  # type: ignore[union-attr]
         except (TypeError, ValueError) as e:
             error = e
-    C.raise_if_any(grid.comm, error)
+    C.agree_arguments(grid.comm, "distribute", error, split=split, root=root)
+    root = int(root)  # type: ignore[call-overload]
     h = C.bcast_ints(grid.comm, header, 3 + _MAX_NDIM, root=root)
     ndim, code, backend = int(h[0]), int(h[1]), BACKENDS[int(h[2])]
     shape = tuple(int(s) for s in h[3 : 3 + ndim])
@@ -120,7 +121,7 @@ def from_local(block: Array, grid: ProcessGrid, split: object, global_shape: Seq
         info += list(block.shape) + [0] * (_MAX_NDIM - block.ndim)
     except (TypeError, ValueError) as e:
         error = e
-    C.raise_if_any(grid.comm, error)
+    C.agree_arguments(grid.comm, "from_local", error, split=split, global_shape=global_shape)
     table = C.allgather_ints(grid.comm, info)
     layout = _infer_layout(table, grid.dims, split, global_shape)
     return DistTensor(block, grid, layout)

@@ -10,6 +10,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from . import comm as C
 from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, dtype_kind, is_device
 from .comm import ProcessGrid, check_grid
 from .ints import is_int
@@ -128,8 +129,10 @@ class DistTensor:
         ValueError
             If ``root`` is not a rank of the grid.
         """
+        error = None
         if root is not None and not (is_int(root) and 0 <= root < self.grid.size):
-            raise ValueError(f"root={root!r} must be a rank in 0..{self.grid.size - 1} or None")
+            error = ValueError(f"root={root!r} must be a rank in 0..{self.grid.size - 1} or None")
+        C.agree_arguments(self.grid.comm, "gather", error, root=root)
         return gather_block(self.local, self.grid, self.layout, None if root is None else int(root))
 
     def redistribute(self, split: object) -> DistTensor:
@@ -152,15 +155,28 @@ class DistTensor:
         ValueError
             If the target split is invalid or the layout is for another tensor or grid.
         """
-        target = split if isinstance(split, Layout) else self.layout.with_split(split)
-        if target.global_shape != self.global_shape or target.grid_dims != self.grid.dims:
-            raise ValueError(f"cannot redistribute {self.layout} to {target}: shape and grid must match")
+        error: Exception | None = None
+        target = self.layout
+        try:
+            target = split if isinstance(split, Layout) else self.layout.with_split(split)
+            if target.global_shape != self.global_shape or target.grid_dims != self.grid.dims:
+                raise ValueError(f"cannot redistribute {self.layout} to {target}: shape and grid must match")
+        except (TypeError, ValueError) as e:
+            error = e
+        C.agree_arguments(self.grid.comm, "redistribute", error, target=target)  # (a message plan per rank)
         if target == self.layout:
             return self._new(self.local, target)
         return self._new(redistribute_block(self.local, self.grid, self.layout, target), target)
 
     # ------------------------------------------------------------------ reductions
     def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdims: bool) -> DistTensor:
+        error: Exception | None = None
+        axes: tuple[int, ...] | None = None
+        try:
+            axes = normalize_axes(axis, self.ndim)
+        except (TypeError, ValueError) as e:
+            error = e
+        C.agree_arguments(self.grid.comm, op, error, axes=axes, keepdims=bool(keepdims))
         local, layout = reduce_block(self.local, self.grid, self.layout, op, axis, keepdims)
         return self._new(local, layout)
 

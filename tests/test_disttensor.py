@@ -377,3 +377,49 @@ def test_local_ops_do_not_communicate(grid2d: hpctp.ProcessGrid) -> None:
         text = repr(y)
         hpctp.zeros((3,), grid2d, None)
     assert_all(grid2d, c.calls == {} and "split=(0, 1)" in text, f"local ops made MPI calls: {c.calls}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "case",
+    ["distribute_split", "distribute_root", "distribute_bad_root", "from_local_split", "from_local_shape",
+     "redistribute", "redistribute_bad", "sum_axis", "max_axis", "sum_bad_axis", "gather_root", "gather_bad_root"],
+)  # fmt: skip
+def test_argument_differing_on_one_rank_raises_everywhere(grid1d: hpctp.ProcessGrid, case: str) -> None:
+    """One rank with another split, root or axis used to hang the others, or return uninitialised
+    memory (distribute), different global shapes (from_local) or MPI errors (redistribute)."""
+    g = grid1d
+    odd = g.size > 1 and g.rank == g.size - 1  # on one rank nothing differs: the call must work
+    a = np.arange(12.0).reshape(6, 2)
+    x = hpctp.distribute(a if g.rank == 0 else None, g, (0, None))
+    block = x.local
+    calls = {
+        "distribute_split": lambda: hpctp.distribute(a if g.rank == 0 else None, g, (None, 0) if odd else (0, None)),
+        "distribute_root": lambda: hpctp.distribute(a, g, (0, None), root=1 if odd else 0),
+        "distribute_bad_root": lambda: hpctp.distribute(a, g, (0, None), root=g.size if odd else 0),
+        "from_local_split": lambda: hpctp.from_local(block, g, (None, None) if odd else (0, None)),
+        "from_local_shape": lambda: hpctp.from_local(block, g, (0, None), (7, 2) if odd else (6, 2)),
+        "redistribute": lambda: x.redistribute((None, 0) if odd else (None, None)),
+        "redistribute_bad": lambda: x.redistribute((0, 0) if odd else (None, None)),
+        "sum_axis": lambda: x.sum(axis=1 if odd else 0),
+        "max_axis": lambda: x.max(axis=(0,) if odd else None),
+        "sum_bad_axis": lambda: x.sum(axis=5 if odd else 0),
+        "gather_root": lambda: x.gather(root=None if odd else 0),
+        "gather_bad_root": lambda: x.gather(root=g.size if odd else 0),
+    }
+    if g.size == 1:
+        if "bad" not in case:
+            calls[case]()
+        return
+    with pytest.raises(
+        ValueError, match=r"ranks passed different|out of range|must be a rank|more than one tensor dim"
+    ):
+        calls[case]()
+
+
+def test_sum_of_0d_torch_ints_promotes_like_torch(grid1d: hpctp.ProcessGrid) -> None:
+    for dtype in (torch.int32, torch.bool, torch.uint8):
+        t = hpctp.from_local(torch.ones((), dtype=dtype), grid1d, ())
+        got = t.sum().local
+        assert got.dtype == torch.sum(torch.ones((), dtype=dtype)).dtype == torch.int64, (dtype, got.dtype)
+        assert int(got) == 1

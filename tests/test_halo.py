@@ -258,3 +258,31 @@ def test_bad_arguments_raise_everywhere(grid2d: hpctp.ProcessGrid) -> None:
     with pytest.raises(ValueError, match="entries"):
         halo_pad(x, grid2d, (0,), 1)
     assert_equal(grid2d, math.prod(halo_pad(torch.zeros(2, 3), grid2d, (0, 1), 1).shape), 4 * 5)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "case", ["width", "bad_width", "boundary", "stencil", "pad_width", "pad_boundary", "pad_dtype"]
+)
+def test_halo_argument_differing_on_one_rank_raises_everywhere(grid2d: hpctp.ProcessGrid, case: str) -> None:
+    """Checked where the plan is made, collectively: a bad or different width, boundary, stencil or
+    dtype on one rank hung the others or returned uninitialised ghost cells."""
+    g = grid2d
+    odd = g.size > 1 and g.rank == g.size - 1
+    lay = Layout((6, 5), g.dims, (0, 1))
+    block = torch.ones(lay.local_shape(g.coords), dtype=torch.float64)
+    calls = {
+        "width": lambda: HaloExchange(lay, 2 if odd else 1, grid=g),
+        "bad_width": lambda: HaloExchange(lay, -1 if odd else 1, grid=g),
+        "boundary": lambda: HaloExchange(lay, 1, "periodic" if odd else "zero", grid=g),
+        "stencil": lambda: HaloExchange(lay, 1, grid=g, stencil="star" if odd else "box"),
+        "pad_width": lambda: halo_pad(block, g, (0, 1), 2 if odd else 1),
+        "pad_boundary": lambda: halo_pad(block, g, (0, 1), 1, "sideways" if odd else "zero"),
+        "pad_dtype": lambda: halo_pad(block.float() if odd else block, g, (0, 1), 1),
+    }
+    if g.size == 1:
+        if case not in ("bad_width", "pad_boundary"):
+            calls[case]()
+        return
+    with pytest.raises(ValueError, match=r"ranks passed different|must be >= 0|boundary"):
+        calls[case]()

@@ -31,7 +31,8 @@ class CommCounter:
     every rank of a communicator of size > 1. Data a rank keeps (self-copies) is not
     counted. ``messages`` counts point-to-point messages to other ranks (collectives count
     one per rank they send to). A bfloat16 reduction counts bfloat16 bytes, the logical
-    payload, though MPI reduces a float32 copy of it.
+    payload, though MPI reduces a float32 copy of it. The small message in which a collective
+    call agrees on its arguments (:func:`hpctp.comm.agree_arguments`) is not counted.
 
     Examples
     --------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import comm as C
 from ..backend import Array, backend_name
 from ..comm import ProcessGrid
 from ..layout import Layout
@@ -91,14 +92,22 @@ class HaloExchange:
                 raise ValueError("HaloExchange(layout, ...) needs grid=ProcessGrid")
         else:
             raise TypeError(f"layout_or_tensor must be a Layout or DistTensor, got {type(layout_or_tensor).__name__}")
-        if layout.grid_dims != grid.dims:
-            raise ValueError(f"layout is for grid dims {layout.grid_dims}, the grid has dims {grid.dims}")
+        error: Exception | None = None
+        try:  # checked once here, collectively: a bad or different argument on one rank raises everywhere
+            if layout.grid_dims != grid.dims:
+                raise ValueError(f"layout is for grid dims {layout.grid_dims}, the grid has dims {grid.dims}")
+            self.widths = normalize_widths(width, layout.split)
+            self.boundary = normalize_boundary(boundary, layout.ndim)
+            self.fill = float(fill)  # type: ignore[arg-type]
+            plan = fetch_plan(layout, grid.rank, halo_wants(layout, self.widths), self.boundary, stencil)
+        except (TypeError, ValueError) as e:
+            error = e
+        C.agree_arguments(
+            grid.comm, "HaloExchange", error, layout=layout, width=width, boundary=boundary, stencil=stencil, fill=fill
+        )
         self.layout: Layout = layout
         self.grid: ProcessGrid = grid
-        self.widths = normalize_widths(width, layout.split)
-        self.boundary = normalize_boundary(boundary, layout.ndim)
-        self.fill = float(fill)
-        self.plan: FetchPlan = fetch_plan(layout, grid.rank, halo_wants(layout, self.widths), self.boundary, stencil)
+        self.plan: FetchPlan = plan
         self.local_shape: tuple[int, ...] = layout.local_shape(grid.coords)
         self.padded_shape: tuple[int, ...] = self.plan.shape
         self.interior: tuple[slice, ...] = tuple(slice(lo, lo + n) for (lo, _), n in zip(self.widths, self.local_shape))

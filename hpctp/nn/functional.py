@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .. import comm as C
 from ..comm import ProcessGrid
 from ..halo.infer import infer_layout
 from ..halo.plan import fetch_plan, halo_wants, normalize_boundary, normalize_widths
@@ -110,10 +111,21 @@ def halo_pad(
     --------
     >>> y = halo_pad(x, grid, (None, None, 0, 1), 1, "periodic")   # doctest: +SKIP
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"halo_pad needs a torch.Tensor block, got {type(x).__name__}")
-    if stencil not in ("box", "star"):
-        raise ValueError(f"stencil must be 'box' or 'star', got {stencil!r}")
+    error: Exception | None = None
+    try:  # every argument agreed on before the exchange: a bad or different one on one rank raises everywhere
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"halo_pad needs a torch.Tensor block, got {type(x).__name__}")
+        if stencil not in ("box", "star"):
+            raise ValueError(f"stencil must be 'box' or 'star', got {stencil!r}")
+        sp = normalize_split(split, x.ndim, grid.ndim)
+        normalize_widths(width, sp)
+        normalize_boundary(boundary, x.ndim)
+    except (TypeError, ValueError) as e:
+        error = e
+    C.agree_arguments(
+        grid.comm, "halo_pad", error, split=split, width=width, boundary=boundary, stencil=stencil,
+        dtype=str(getattr(x, "dtype", None)),  # (devices differ: one GPU per rank)
+    )  # fmt: skip
     if layout is None:  # collective first: blocks of different ndim fail on every rank, none waits
         lay = infer_layout(tuple(x.shape), grid, split)
     else:

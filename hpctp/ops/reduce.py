@@ -86,8 +86,9 @@ def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
         if empty:
             dtype = x.dtype if op != "sum" or x.dtype.is_floating_point or x.dtype.is_complex else torch.int64
             return torch.full(out_shape, cast(Any, _identity(op, x.dtype)), dtype=dtype, device=x.device)
-        if not axes:
-            return x.clone()
+        if not axes:  # nothing to reduce (a 0-d tensor); sum still promotes bool/ints to int64, as torch.sum
+            promote = op == "sum" and not (x.dtype.is_floating_point or x.dtype.is_complex)
+            return x.to(torch.int64) if promote else x.clone()
         if op == "sum":
             return torch.sum(x, dim=axes, keepdim=True)
         fn = torch.amax if op == "max" else torch.amin
