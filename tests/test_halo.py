@@ -286,3 +286,15 @@ def test_halo_argument_differing_on_one_rank_raises_everywhere(grid2d: hpctp.Pro
         return
     with pytest.raises(ValueError, match=r"ranks passed different|must be >= 0|boundary"):
         calls[case]()
+
+
+@pytest.mark.mpi
+def test_out_on_another_backend_is_a_clear_error(grid2d: hpctp.ProcessGrid) -> None:
+    lay = Layout((6, 5), grid2d.dims, (0, 1))
+    ex = HaloExchange(lay, 1, grid=grid2d)
+    block = np.ones(lay.local_shape(grid2d.coords))
+    with pytest.raises(TypeError, match="out is a torch array and block a numpy one"):
+        ex.begin(block, out=torch.zeros(ex.padded_shape, dtype=torch.float64))
+    out = np.zeros(ex.padded_shape)  # refused before any message: the same exchange then works
+    got = ex.end(ex.begin(block, out=out))
+    assert_all(grid2d, got is out and bool((out[ex.interior] == 1).all()), "exchange into a numpy out")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import comm as C
-from ..backend import Array, backend_name
+from ..backend import Array, backend_name, is_device
 from ..comm import ProcessGrid
 from ..layout import Layout
 from ..tensor import DistTensor
@@ -120,6 +120,11 @@ class HaloExchange:
             )
         if out is not None and tuple(out.shape) != self.padded_shape:
             raise ValueError(f"rank {self.grid.rank}: out has shape {tuple(out.shape)}, expected {self.padded_shape}")
+        if out is not None and (backend_name(out), is_device(out)) != (backend_name(block), is_device(block)):
+            raise TypeError(
+                f"rank {self.grid.rank}: out is a {backend_name(out)} array and block a {backend_name(block)} one "
+                f"(or one is on a GPU); pass out on the block's backend and device, or no out"
+            )
 
     def begin(self, block: Array, out: Array | None = None) -> FetchHandle:
         """Collective over grid. Start the exchange (non-blocking sends and receives).
