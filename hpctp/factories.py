@@ -56,7 +56,7 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
     grid = check_grid(grid)
     header = None
     error: Exception | None = None
-    root_ok = is_int(root) and 0 <= root < grid.size  # type: ignore[operator]
+    root_ok = is_int(root) and 0 <= root < grid.size
     if not root_ok:
         error = ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
     elif grid.rank == root:
@@ -70,7 +70,7 @@ def distribute(array: Array | None, grid: ProcessGrid, split: object, root: int 
         except (TypeError, ValueError) as e:
             error = e
     C.agree_arguments(grid.comm, "distribute", error, split=split, root=root)
-    root = int(root)  # type: ignore[call-overload]
+    root = int(root)
     h = C.bcast_ints(grid.comm, header, 3 + _MAX_NDIM, root=root)
     ndim, code, backend = int(h[0]), int(h[1]), BACKENDS[int(h[2])]
     shape = tuple(int(s) for s in h[3 : 3 + ndim])

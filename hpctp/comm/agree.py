@@ -1,9 +1,9 @@
 """Agreement on the arguments of a collective call: every rank must pass the same ones.
 
-A collective I/O call whose ranks name different files, datasets or splits reads mixed or
-uninitialised data, or writes only rank 0's choice, without any error. :func:`agree_arguments`
-compares a digest of each argument across ranks in the same single ``Allgather`` that agrees
-on the local validation result, so the check costs no extra message.
+A collective call whose ranks name different files, datasets, splits or roots reads mixed or
+uninitialised data, writes only rank 0's choice, or hangs. :func:`agree_arguments` compares
+a digest of each argument across ranks in the one ``Allgather`` that also agrees on the local
+validation result (where a call already agreed on errors, it takes that message's place).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def _canonical(value: object) -> object:
         return ("ndarray", data.dtype.str, data.shape, zlib.crc32(data.tobytes()))
     if isinstance(value, Mapping):
         return tuple(sorted((str(k), _canonical(v)) for k, v in value.items()))
-    if isinstance(value, (tuple, list, range)):
-        return tuple(_canonical(v) for v in value) if not isinstance(value, range) else repr(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_canonical(v) for v in value)
     if type(value).__repr__ is object.__repr__:  # the default repr holds an address: compare the type only
         return type(value).__qualname__
     return repr(value)

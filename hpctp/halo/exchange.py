@@ -98,7 +98,7 @@ class HaloExchange:
                 raise ValueError(f"layout is for grid dims {layout.grid_dims}, the grid has dims {grid.dims}")
             self.widths = normalize_widths(width, layout.split)
             self.boundary = normalize_boundary(boundary, layout.ndim)
-            self.fill = float(fill)  # type: ignore[arg-type]
+            self.fill = float(fill)
             plan = fetch_plan(layout, grid.rank, halo_wants(layout, self.widths), self.boundary, stencil)
         except (TypeError, ValueError) as e:
             error = e

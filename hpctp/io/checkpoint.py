@@ -94,10 +94,8 @@ def save_checkpoint(
     scalars: dict[str, dict[str, Any]] = {}
     groups = ""
     fname = ""
-    where: object = path
     try:
         fname = check_path(path)
-        where = os.path.abspath(fname)
         _check_modules(model, optimizer)
         if not is_int(step) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
@@ -110,7 +108,13 @@ def save_checkpoint(
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
     C.agree_arguments(
-        grid.comm, "save_checkpoint", error, path=where, step=step, method=method, optimizer=optimizer is not None
+        grid.comm,
+        "save_checkpoint",
+        error,
+        path=os.path.abspath(fname),
+        step=step,
+        method=method,
+        optimizer=optimizer is not None,
     )
     _check_same_everywhere(grid, entries, groups)
 
@@ -215,16 +219,20 @@ def load_checkpoint(
     grid = check_grid(grid)
     error: Exception | None = None
     fname = ""
-    where: object = path
     try:
         fname = check_path(path)
-        where = os.path.abspath(fname)
         _check_modules(model, optimizer)
         resolved = resolve_method(method, grid.size)
     except (TypeError, ValueError) as e:
         error = e
     C.agree_arguments(
-        grid.comm, "load_checkpoint", error, path=where, method=method, strict=strict, optimizer=optimizer is not None
+        grid.comm,
+        "load_checkpoint",
+        error,
+        path=os.path.abspath(fname),
+        method=method,
+        strict=strict,
+        optimizer=optimizer is not None,
     )
     f = open_for_read(fname, grid, resolved)
     try:

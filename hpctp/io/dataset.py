@@ -104,10 +104,8 @@ class FieldDataset:
         self.path = ""
         self._files: list[h5py.File] = []
         error: Exception | None = None
-        where: object = path
         try:
             self.path = check_path(path)
-            where = os.path.abspath(self.path)
             if cache_bytes is not None and (not is_int(cache_bytes) or cache_bytes < 0):
                 raise ValueError(f"cache_bytes must be None or an int >= 0, got {cache_bytes!r}")
             self._setup(dataset, split, samples, targets, cache_bytes)
@@ -115,8 +113,8 @@ class FieldDataset:
             error = e
         try:
             C.agree_arguments(
-                grid.comm, "FieldDataset", error, path=where, dataset=dataset, split=split, targets=targets,
-                samples=getattr(self, "samples", None), like=like, cache_bytes=cache_bytes,
+                grid.comm, "FieldDataset", error, path=os.path.abspath(self.path), dataset=dataset, split=split,
+                targets=targets, samples=getattr(self, "samples", None), like=like, cache_bytes=cache_bytes,
             )  # fmt: skip
         except BaseException:
             self.close()

@@ -175,11 +175,9 @@ def load_hdf5(
     """
     grid = check_grid(grid)
     error: Exception | None = None
-    where: object = path
     fname = ""
     try:
         fname = check_path(path)
-        where = os.path.abspath(fname)
         if like not in BACKENDS:
             raise ValueError(f"like={like!r} must be one of {BACKENDS}")
         name = check_dataset_name(dataset)
@@ -187,8 +185,8 @@ def load_hdf5(
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
     C.agree_arguments(
-        grid.comm, "load_hdf5", error, path=where, dataset=dataset, split=split, index=index, like=like,
-        dtype=dtype, method=method,
+        grid.comm, "load_hdf5", error, path=os.path.abspath(fname), dataset=dataset, split=split, index=index,
+        like=like, dtype=dtype, method=method,
     )  # fmt: skip
     f = open_for_read(fname, grid, resolved)
     try:
@@ -361,11 +359,9 @@ def save_hdf5(
         raise TypeError(f"save_hdf5 needs a DistTensor, got {type(x).__name__}")
     grid, layout = x.grid, x.layout
     error: Exception | None = None
-    where: object = path
     fname = ""
     try:
         fname = check_path(path)
-        where = os.path.abspath(fname)
         name = check_dataset_name(dataset)
         stored = _storable_dtype(x.dtype)
         chunk_spec = _chunk_spec(chunks, compression, layout, stored.itemsize)
@@ -380,8 +376,9 @@ def save_hdf5(
     except Exception as e:  # noqa: BLE001
         error = e
     C.agree_arguments(
-        grid.comm, "save_hdf5", error, layout=layout, dtype=str(x.dtype), path=where, dataset=dataset, mode=mode,
-        chunks=chunks, compression=compression, compression_opts=compression_opts, attrs=attrs, method=method,
+        grid.comm, "save_hdf5", error, layout=layout, dtype=str(x.dtype), path=os.path.abspath(fname),
+        dataset=dataset, mode=mode, chunks=chunks, compression=compression, compression_opts=compression_opts,
+        attrs=attrs, method=method,
     )  # fmt: skip
 
     scalar = np.asarray(to_numpy(x.local)) if layout.ndim == 0 and grid.rank == 0 else None

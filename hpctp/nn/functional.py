@@ -118,20 +118,16 @@ def halo_pad(
         if stencil not in ("box", "star"):
             raise ValueError(f"stencil must be 'box' or 'star', got {stencil!r}")
         sp = normalize_split(split, x.ndim, grid.ndim)
-        normalize_widths(width, sp)
-        normalize_boundary(boundary, x.ndim)
+        widths = normalize_widths(width, sp)
+        bnd = normalize_boundary(boundary, x.ndim)
     except (TypeError, ValueError) as e:
         error = e
     C.agree_arguments(
         grid.comm, "halo_pad", error, split=split, width=width, boundary=boundary, stencil=stencil,
         dtype=str(getattr(x, "dtype", None)),  # (devices differ: one GPU per rank)
     )  # fmt: skip
-    if layout is None:  # collective first: blocks of different ndim fail on every rank, none waits
-        lay = infer_layout(tuple(x.shape), grid, split)
-    else:
-        lay = _resolve_layout(x, grid, normalize_split(split, x.ndim, grid.ndim), layout)
-    widths = normalize_widths(width, lay.split)
-    bnd = normalize_boundary(boundary, x.ndim)
+    # (the layout's split is sp: inferred with it, or checked against it)
+    lay = infer_layout(tuple(x.shape), grid, sp) if layout is None else _resolve_layout(x, grid, sp, layout)
     plan = fetch_plan(lay, grid.rank, halo_wants(lay, widths), bnd, stencil)
     return Fetch.apply(x, plan, grid.comm, 0.0)
 
