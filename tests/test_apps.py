@@ -52,10 +52,11 @@ def test_simulation_matches_single_process_numpy(grid2d: hpctp.ProcessGrid) -> N
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("model", ["unet", "fno"])
 def test_training_matches_single_process_torch(
-    grid2d: hpctp.ProcessGrid, tmp_path_factory: pytest.TempPathFactory
+    grid2d: hpctp.ProcessGrid, tmp_path_factory: pytest.TempPathFactory, model: str
 ) -> None:
-    cfg = load_config(TINY, ["simulation.size=[12, 10]"])
+    cfg = load_config(TINY, ["simulation.size=[12, 10]", f"surrogate.model={model}"])
     cfg["simulation"]["grid"] = list(grid2d.dims)
     tmp = np.zeros(256, dtype=np.uint8)  # one directory for all ranks, chosen by rank 0
     if grid2d.rank == 0:

@@ -40,6 +40,10 @@ SMALL = {
         ["--size", "32", "--channels", "2", "--layers", "1", "--reps", "1"],
         ["time ratio hpctp/torch", "loss check"],
     ),
+    "fno.py": (
+        ["--size", "64", "--channels", "2", "--modes", "4", "--layers", "2", "--reps", "1"],
+        ["time ratio hpctp/torch", "bytes sent per rank", "loss check"],
+    ),
     "io_read.py": (["--gib", "0.002", "--repeat", "1"], ["speed-up  :", "2 ranks   :"]),
 }
 
@@ -58,9 +62,12 @@ def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-4000:]
     for line in expect:
         assert line in out, out[-3000:]
-    if script == "conv.py":  # the same loss on 2 ranks and in the single-process reference
+    if script in ("conv.py", "fno.py"):  # the same loss on 2 ranks and in the single-process reference
         diff = float(out.split("rel diff")[1].split()[0])
         assert diff < 1e-5, out[-2000:]
+    if script == "fno.py":  # only the truncated spectrum travels in forward, not the field
+        ratio = float(out.split("forward / field =")[1].split()[0])
+        assert ratio < 0.1, out[-2000:]
 
 
 @pytest.mark.timeout(200)

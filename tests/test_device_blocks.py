@@ -31,9 +31,11 @@ import hpctp.comm.buffers as B
 from hpctp.backend import from_numpy, is_cupy, is_torch
 from hpctp.comm.io_calls import bcast_bytes
 from hpctp.nn.conv import Conv2d
+from hpctp.nn.functional import spectral_conv_fft
 from hpctp.nn.linear import ColumnParallelLinear, Linear2D, RowParallelLinear
 from hpctp.nn.norm import BatchNorm2d
 from hpctp.nn.pool import MaxPool2d
+from hpctp.nn.spectral import SpectralConv2d
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 WORLD = MPI.COMM_WORLD
@@ -194,6 +196,10 @@ def test_layers_forward_backward_on_the_device(grid2d: hpctp.ProcessGrid, kind: 
     compare_layer(grid2d, norm, ref_norm, (2, 2, 5, 6), (None, None, 0, 1), w, [ref_norm.weight, ref_norm.bias],
                   sync=norm, device=dev)  # fmt: skip
     assert_allclose(grid2d, norm.running_mean, ref_norm.running_mean, rtol=1e-12, what="running mean")
+    spec = SpectralConv2d(2, 3, (2, 3), grid=grid2d, seed=1, dtype=F64).to(dev)  # DFT matrices on the device
+    w_ref = spec.weight.detach().cpu().clone().requires_grad_()
+    compare_layer(grid2d, spec, lambda X: spectral_conv_fft(X, w_ref), (2, 2, 7, 6), (None, None, 0, 1),
+                  [spec.weight], [w_ref], skew=True, sync=spec, device=dev)  # fmt: skip
 
     # Linear2D (SUMMA inside autograd), then a Megatron column -> tanh -> row MLP
     gen = torch.Generator().manual_seed(3)

@@ -1,6 +1,6 @@
 """Surrogate architectures built from hpctp.nn layers on a spatially partitioned field.
 
-Both map a state ``[B, C, H, W]`` (a DistTensor split ``(None, None, 0, 1)``) to the state
+All three (a residual CNN, a U-Net and a Fourier neural operator) map a state ``[B, C, H, W]`` (a DistTensor split ``(None, None, 0, 1)``) to the state
 ``horizon`` snapshots later as ``x + s * f(x)``, with circular padding (the domain is periodic);
 ``s`` (buffer ``delta_scale``) is the RMS change between paired snapshots, set by
 :func:`apps.surrogate.train.fit_delta_scale`, so ``f`` learns an O(1) target.
@@ -18,11 +18,12 @@ from typing import Any
 import torch
 
 import hpctp
-from hpctp.nn import Conv2d, MaxPool2d, Upsample
+from hpctp.nn import Conv2d, MaxPool2d, SpectralConv2d, Upsample
+from hpctp.nn.functional import spectral_conv_fft
 
-from .blocks import cat_channels, pointwise
+from .blocks import cat_channels, pointwise, with_local
 
-__all__ = ["ResidualCNN", "UNet", "build_model"]
+__all__ = ["FNO", "ResidualCNN", "UNet", "build_model"]
 
 
 def _conv(
@@ -124,6 +125,70 @@ class UNet(torch.nn.Module):
         return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
 
 
+class _FFTSpectralConv2d(torch.nn.Module):
+    """One process: hpctp's SpectralConv2d(seed=seed) computed with torch.fft (the reference)."""
+
+    def __init__(self, cin: int, cout: int, modes: int, seed: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(cin, cout, 2 * modes, modes, 2, dtype=dtype))
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            self.weight.uniform_(0.0, 1.0 / (cin * cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return spectral_conv_fft(x, self.weight)
+
+
+def _spectral(
+    cin: int, cout: int, modes: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
+) -> torch.nn.Module:
+    if grid is None:
+        return _FFTSpectralConv2d(cin, cout, modes, seed, dtype)
+    return SpectralConv2d(cin, cout, modes, grid=grid, split=(0, 1), seed=seed, dtype=dtype)
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Sum of two tensors of one layout (DistTensor blocks, or plain tensors)."""
+    return a + b if isinstance(a, torch.Tensor) else with_local(a, a.local + b.local)
+
+
+class FNO(torch.nn.Module):
+    """Collective over grid. A Fourier neural operator (Li et al., 2021): a 1x1 lift to ``width``
+    channels, ``depth`` Fourier layers ``gelu(K h + W h)`` (``K`` keeps ``modes`` frequencies per
+    direction and sign, ``W`` a 1x1 conv), a zeroed 1x1 head. The field is never transposed:
+    each Fourier layer sends one spectrum-sized Allreduce (see :mod:`hpctp.nn.fourier`)."""
+
+    delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
+
+    def __init__(
+        self,
+        channels: int,
+        width: int,
+        depth: int,
+        modes: int,
+        grid: hpctp.ProcessGrid | None,
+        seed: int,
+        dtype: torch.dtype,
+    ):
+        super().__init__()
+        self.lift = _conv(channels, width, 1, grid, seed, dtype)
+        self.spectral = torch.nn.ModuleList(
+            [_spectral(width, width, modes, grid, seed + 1 + 2 * i, dtype) for i in range(depth)]
+        )
+        self.pointwise = torch.nn.ModuleList(
+            [_conv(width, width, 1, grid, seed + 2 + 2 * i, dtype) for i in range(depth)]
+        )
+        self.head = _zero(_conv(width, channels, 1, grid, seed + 1 + 2 * depth, dtype))
+        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. The predicted state (same layout as ``x``)."""
+        h = self.lift(x)
+        for k, w in zip(self.spectral, self.pointwise):
+            h = pointwise(torch.nn.functional.gelu, _add(k(h), w(h)))
+        return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
+
+
 def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | None) -> torch.nn.Module:
     """Local. The model of the ``[surrogate]`` config section (``grid=None``: one-process torch reference).
 
@@ -139,4 +204,6 @@ def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | No
         return UNet(channels, cfg["width"], cfg["levels"], grid, cfg["seed"], dtype)
     if cfg["model"] == "cnn":
         return ResidualCNN(channels, cfg["width"], cfg["depth"], grid, cfg["seed"], dtype)
-    raise ValueError(f"surrogate.model must be 'unet' or 'cnn', got {cfg['model']!r}")
+    if cfg["model"] == "fno":
+        return FNO(channels, cfg["width"], cfg["depth"], cfg["modes"], grid, cfg["seed"], dtype)
+    raise ValueError(f"surrogate.model must be 'unet', 'cnn' or 'fno', got {cfg['model']!r}")

@@ -13,6 +13,7 @@ from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, rela
 from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
 from .parallel import broadcast_parameters, sync_gradients
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
+from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from .upsample import Upsample
 
 __all__ = [
@@ -35,6 +36,9 @@ __all__ = [
     "MaxPool2d",
     "MaxPool3d",
     "RowParallelLinear",
+    "SpectralConv1d",
+    "SpectralConv2d",
+    "SpectralConv3d",
     "Upsample",
     "allreduce_sum",
     "broadcast_parameters",

@@ -1,11 +1,12 @@
-"""Differentiable spatially partitioned ops on local torch blocks (halo padding, conv, pooling).
+"""Differentiable spatially partitioned ops on local torch blocks (halo padding, conv, pooling, FNO).
 
 Every function here works on this rank's block of a field that is cut over the grid along
 its spatial dims, and returns this rank's block of the result: the result equals what
 ``torch.nn.functional`` computes on the gathered global field. Forward and backward are
 collective over the grid (every rank must call them, in the same order); the backward of
 each halo fetch is its adjoint exchange (ghost gradients are sent back and summed into
-the owners' blocks).
+the owners' blocks). The Fourier layer :func:`spectral_conv` equals :func:`spectral_conv_fft`
+(``torch.fft``) on the gathered field.
 
 Inputs are plain local ``torch.Tensor`` blocks or :class:`hpctp.DistTensor` (torch local
 block); the result has the same kind. For plain blocks the global layout (which may be
@@ -30,6 +31,7 @@ from ._fetch import Fetch
 from ._inputs import finish as _finish
 from ._inputs import prepare as _prepare
 from ._inputs import resolve_layout as _resolve_layout
+from .fourier import spectral_conv, spectral_conv_fft
 from .spatial import (
     avg_pool2d,
     avg_pool3d,
@@ -53,6 +55,8 @@ __all__ = [
     "max_pool2d",
     "max_pool3d",
     "spatial_split",
+    "spectral_conv",
+    "spectral_conv_fft",
 ]
 
 

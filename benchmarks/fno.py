@@ -1,0 +1,133 @@
+"""Distributed Fourier layer (FNO) stack vs single-process torch.fft: time, peak memory, bytes moved.
+
+Usage::
+
+    mpiexec -n 2 python benchmarks/fno.py                  # 1x16x1024x1024 float32 field, 16 modes
+    mpiexec -n 2 python benchmarks/fno.py --size 256       # shrink
+
+In one run: every rank runs forward+backward of ``layers`` x SpectralConv2d (GELU between
+the layers) on its block of the field (1 torch thread per rank): truncated DFT matrices on
+the block, one Allreduce of the kept spectrum, the inverse onto the block; then
+``sync_gradients`` (which has nothing to send: backward completes the Fourier weights'
+gradients with one Allreduce of the output spectrum's gradient). Then rank 0 starts the single-process
+reference, :func:`hpctp.nn.functional.spectral_conv_fft` (torch.fft) with the same weights,
+in a *separate process* (``--threads`` torch threads, default = number of ranks) while the
+other ranks sleep, so each process's peak RSS (``getrusage`` maxrss) is its own. The input
+is an analytic function of the global index, so both compute the same loss (printed as a
+sanity check). One extra, untimed iteration counts the bytes each rank sends
+(:class:`hpctp.CommCounter`) in forward, backward and the gradient sync, next to the size
+of the field: only the truncated spectrum travels, never the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _layers as L
+import torch
+
+
+class _FFTLayer(torch.nn.Module):
+    """The reference layer: ``spectral_conv_fft`` with SpectralConv2d's weight and initialisation."""
+
+    def __init__(self, c: int, modes: int, seed: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty((c, c, 2 * modes, modes, 2), dtype=dtype))
+        torch.manual_seed(seed)  # as SpectralConv2d(seed=seed): uniform [0, 1/(C_in C_out))
+        with torch.no_grad():
+            self.weight.uniform_(0.0, 1.0 / (c * c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from hpctp.nn.functional import spectral_conv_fft
+
+        return spectral_conv_fft(x, self.weight)
+
+
+def reference(args: argparse.Namespace) -> None:
+    """Single process (a singleton MPI, unused: the script starts through hpctp.runner); one JSON line."""
+    import hpctp.nn.functional  # noqa: F401  (imported before the baseline RSS, as in the ranks)
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    base = L.rss_mb()
+    x = L.field(args.channels, (0, args.size), (0, args.size), dtype)
+
+    def make(c: int, seed: int) -> torch.nn.Module:
+        return _FFTLayer(c, args.modes, seed, dtype)
+
+    sec, cpu, loss = L.run(L.stack(make, args.layers, args.channels, torch.nn.GELU), x, args.reps)
+    L.reference_result(sec, cpu, loss, base)
+
+
+def _bytes(b: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= scale:
+            return f"{b / scale:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def distributed(args: argparse.Namespace) -> None:
+    import hpctp
+    from hpctp.nn import SpectralConv2d, sync_gradients
+
+    grid, x, base = L.setup_ranks(args)
+    dtype = x.dtype
+
+    def make(c: int, seed: int) -> torch.nn.Module:
+        return SpectralConv2d(c, c, args.modes, grid=grid, split=(0, 1), seed=seed, dtype=dtype)
+
+    model = L.stack(make, args.layers, args.channels, torch.nn.GELU)
+
+    def sync() -> None:  # nothing to send: backward completed the Fourier weights' gradients
+        sync_gradients(model, grid)
+
+    grid.comm.Barrier()
+    sec, cpu, loss = L.run(model, x, args.reps, sync)
+    # one more, untimed iteration: the bytes this rank sends in each phase
+    model.zero_grad(set_to_none=True)
+    with hpctp.CommCounter() as c_fwd:
+        y = model(x)
+    out = y.square().sum()
+    with hpctp.CommCounter() as c_bwd:
+        out.backward()
+    with hpctp.CommCounter() as c_sync:
+        sync()
+    del x, y, out
+    table = L.gather_stats(
+        grid, [sec, loss, L.peak_mb(), base, cpu, c_fwd.bytes_sent, c_bwd.bytes_sent, c_sync.bytes_sent]
+    )
+    threads = args.threads or grid.size
+    argv = ["--size", str(args.size), "--channels", str(args.channels), "--modes", str(args.modes)]
+    argv += ["--layers", str(args.layers), "--reps", str(args.reps), "--dtype", args.dtype]
+    ref = L.reference_run(grid, __file__, threads, argv)
+    if ref is None:  # not rank 0
+        return
+    c, m, s = args.channels, args.modes, args.size
+    item = torch.empty((), dtype=dtype).element_size()
+    size = c * s * s * item  # one activation, the whole field
+    spectrum = c * 2 * m * m * 2 * item  # the kept spectrum of one layer (complex)
+    weights = args.layers * c * c * 2 * m * m * 2 * item
+    print(
+        f"field 1x{c}x{s}x{s} {args.dtype}; {args.layers} x SpectralConv2d({c},{c},modes={m}), GELU between; "
+        f"loss = sum(y^2); forward+backward, mean of {args.reps} after 1 warm-up"
+    )
+    L.report(
+        table,
+        ref,
+        f"hpctp : {grid.size} ranks, grid {grid.dims}, 1 torch thread each (truncated DFT + Allreduce of the spectrum)",
+        f"torch : 1 process, {threads} threads (separate process, spectral_conv_fft = torch.fft)",
+    )
+    fwd, bwd, syn = table[:, 5].max(), table[:, 6].max(), table[:, 7].max()
+    print(
+        f"bytes sent per rank (max)       : forward {_bytes(fwd)}, backward {_bytes(bwd)}, gradient sync {_bytes(syn)}"
+    )
+    print(
+        f"  vs the field                  : forward / field = {fwd / size:.2e}  (field {_bytes(size)}; kept spectrum "
+        f"{_bytes(spectrum)} x {args.layers} layers = {_bytes(spectrum * args.layers)}; weights {_bytes(weights)})"
+    )
+
+
+if __name__ == "__main__":
+    p = L.parser(__doc__, size=1024, layers=2, reps=3)
+    p.add_argument("--modes", type=int, default=16, help="modes kept per axis (default 16)")
+    L.start(p, reference, distributed)
