@@ -4,6 +4,8 @@ measured in the same run:
 1. SUMMA (``hpctp.matmul``) of two ``n x n`` float32 matrices vs ``torch.matmul`` on one GPU.
 2. A stack of three halo-exchanging ``hpctp.nn.Conv2d`` (16 channels, 3x3), forward + backward on
    a ``1 x 16 x f x f`` field split over the grid, vs the same torch convolutions on one GPU.
+3. Two Fourier layers (``hpctp.nn.SpectralConv2d``, 16 modes) on the same field vs
+   ``spectral_conv_fft`` (torch.fft) on one GPU.
 
     mpiexec -n 4 python benchmarks/gpu_bench.py [--n 16384] [--field 4096] [--reps 3]
     mpiexec -n 2 python benchmarks/gpu_bench.py --device cpu --n 256 --field 64   # dry run, no GPU
@@ -108,7 +110,37 @@ def main() -> int:
         ref = timed(lambda: (tconvs(gx) ** 2).sum().backward(), args.reps, MPI.COMM_SELF)
         print(f"halo conv fwd+bwd 1x16x{f}x{f}: hpctp {t * 1e3:.1f} ms, torch one device {ref * 1e3:.1f} ms, "
               f"ratio {ref / t:.2f}")  # fmt: skip
+    _fno(args, grid, x, timed)
     return 0
+
+
+def _fno(args: argparse.Namespace, grid: hpctp.ProcessGrid, x: hpctp.DistTensor, timed: Timer) -> None:
+    """Two Fourier layers (16 modes) on the conv benchmark's field vs spectral_conv_fft on one device."""
+    from hpctp.nn.functional import spectral_conv_fft
+
+    layers = [hpctp.nn.SpectralConv2d(16, 16, 16, grid=grid, seed=i, device=args.device) for i in range(2)]
+
+    def step() -> None:
+        h = hpctp.DistTensor(x.local.clone().requires_grad_(), grid, x.layout)
+        for layer in layers:
+            h = layer(h)
+        (h.local**2).sum().backward()
+
+    t = timed(step, args.reps, grid.comm)
+    if grid.rank == 0:
+        f = x.global_shape[-1]
+        gx = torch.randn(1, 16, f, f, device=args.device, requires_grad=True)
+        ws = [layer.weight.detach().clone().requires_grad_() for layer in layers]
+
+        def ref_step() -> None:
+            h = gx
+            for w in ws:
+                h = spectral_conv_fft(h, w)
+            (h**2).sum().backward()
+
+        ref = timed(ref_step, args.reps, MPI.COMM_SELF)
+        print(f"FNO 2 x SpectralConv2d(16,16,modes=16) fwd+bwd 1x16x{f}x{f}: hpctp {t * 1e3:.1f} ms, "
+              f"torch.fft one device {ref * 1e3:.1f} ms, ratio {ref / t:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,7 +30,12 @@ def test_gpu_check_dry_run_runs_every_step() -> None:
     summary = out[out.rfind("=== summary") :]
     assert proc.returncode == 0, out[-4000:]
     assert summary.count("\nok ") == 5 and "FAIL" not in summary and "SKIP" not in summary, summary
-    assert "SUMMA fp32 n=256" in out and "halo conv fwd+bwd 1x16x64x64" in out and "ratio" in out, out[-3000:]
+    assert (
+        "SUMMA fp32 n=256" in out
+        and "halo conv fwd+bwd 1x16x64x64" in out
+        and "FNO 2 x SpectralConv2d" in out
+        and "ratio" in out
+    ), out[-3000:]
 
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))

@@ -21,6 +21,7 @@ __all__ = ["SpectralConv1d", "SpectralConv2d", "SpectralConv3d"]
 
 class _SpectralConvNd(_Spatial, torch.nn.Module):
     _nd = 2
+    weight: torch.nn.Parameter
 
     def __init__(
         self,
@@ -47,11 +48,11 @@ class _SpectralConvNd(_Spatial, torch.nn.Module):
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         ks = tuple(2 * m for m in self.modes[:-1]) + self.modes[-1:]
         shape = (self.in_channels, self.out_channels) + ks + (2,)
-        self.weight = torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
 
-        def init() -> None:  # Li et al.: uniform [0, 1/(C_in C_out)) real and imaginary parts
-            with torch.no_grad():
-                self.weight.uniform_(0.0, 1.0 / (self.in_channels * self.out_channels))
+        def init() -> None:  # Li et al.: uniform [0, 1/(C_in C_out)) real and imaginary parts, drawn
+            w = torch.empty(shape, dtype=dtype)  # on the CPU: the same values on any device
+            w.uniform_(0.0, 1.0 / (self.in_channels * self.out_channels))
+            self.weight = torch.nn.Parameter(w.to(device))
 
         init_replicated(self, init, grid, seed)
         self._setup(grid, split, self._nd, overlap=False)
@@ -91,7 +92,7 @@ class SpectralConv2d(_SpectralConvNd):
     split : sequence, optional
         Grid axis per spatial dim (default: dim ``i`` over grid axis ``i``).
     seed : int, optional
-        Same weights on any grid (else rank 0's are broadcast: collective).
+        Same weights on any grid and device (else rank 0's are broadcast: collective).
     dtype : torch.dtype, optional
         float32 or float64 (default: torch's default dtype).
     device : optional
