@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import hpctp
+from hpctp.comm import allreduce
 from hpctp.layout import Layout
 from hpctp.nn import loss as L
 from hpctp.testing import assert_all, assert_allclose
@@ -54,6 +56,39 @@ def test_losses_match_torch(grid2d) -> None:  # type: ignore[no-untyped-def]
         got.backward()
         assert_allclose(grid2d, got.detach(), want.detach(), rtol=1e-12, what=f"{name} value")
         assert_allclose(grid2d, pl.grad, pg.grad[sl], rtol=1e-10, atol=1e-14, what=f"{name} grad")
+
+
+@pytest.mark.mpi
+def test_bfloat16_gradients_as_accurate_as_torchs(grid2d) -> None:  # type: ignore[no-untyped-def]
+    """bf16 inputs: every loss's value and gradients (pred and target) are as close to the exact
+    float64 ones as torch's own bf16 computation is (within 2x; bf16 keeps ~3 digits)."""
+    shape = (2, 3, 7, 9)
+    layout = Layout(shape, grid2d.dims, (None, None, 0, 1))
+    sl = layout.local_slices(grid2d.coords)
+    p, t = field(shape, 5), field(shape, 6)
+    t = p + 0.3 * t  # pred near target: the relative error's two gradient terms nearly cancel
+
+    def run(fn, p_, t_):  # type: ignore[no-untyped-def]
+        pg, tg = p_.detach().clone().requires_grad_(), t_.detach().clone().requires_grad_()
+        val = fn(pg, tg)
+        val.backward()
+        return val.detach().double(), pg.grad.double(), tg.grad.double()
+
+    bf = torch.bfloat16
+    for name, (dist, ref) in CASES.items():
+        exact = run(ref, p, t)
+        theirs = run(ref, p.to(bf), t.to(bf))
+        ours = run(lambda a, b, f=dist: f(a, b, grid2d), p[sl].to(bf), t[sl].to(bf))
+        for what, e, th, o in zip(("value", "pred grad", "target grad"), exact, theirs, ours):
+            err_theirs = float((th - e).norm() / e.norm())
+            if what == "value":
+                err_ours = float((o - e).norm() / e.norm())
+            else:  # over the whole field: this rank's squared error and norm, summed over the grid
+                sums = np.array([float((o - e[sl]).square().sum()), float(e[sl].square().sum())])
+                allreduce(grid2d.comm, sums, "sum")
+                err_ours = float(np.sqrt(sums[0] / sums[1]))
+            ok = err_ours <= 2 * err_theirs + 1e-3
+            assert_all(grid2d, ok, f"{name} {what}: bf16 error {err_ours:.3g}, torch's own bf16 error {err_theirs:.3g}")
 
 
 @pytest.mark.mpi

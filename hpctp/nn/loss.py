@@ -64,6 +64,12 @@ def _reduce(
     return total[:-1]
 
 
+def _opmath(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when it is float16/bfloat16 (torch's accumulation type), else ``x``: the
+    terms are computed and summed before any rounding to 16 bits (gradients flow back cast)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def _pair_error(pred: torch.Tensor, target: torch.Tensor) -> str | None:
     if pred.shape != target.shape:
         return f"pred block has shape {tuple(pred.shape)} but target block has shape {tuple(target.shape)}"
@@ -101,8 +107,8 @@ def global_sum(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | N
     check_grid(grid)
     x = x_local
     err = _type_error(x_local=x)
-    total = _reduce(lambda: [x.sum()], 1, err, grid, axes, _device(x))[0]
-    return total.to(x.sum().dtype if x.is_floating_point() or x.is_complex() else torch.int64)
+    total = _reduce(lambda: [_opmath(x).sum()], 1, err, grid, axes, _device(x))[0]
+    return total.to(x.dtype if x.is_floating_point() or x.is_complex() else torch.int64)
 
 
 def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
@@ -129,7 +135,7 @@ def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | 
     check_grid(grid)
     x = x_local
     err = _type_error(x_local=x)
-    s, n = _reduce(lambda: [x.sum(), _count(x)], 2, err, grid, axes, _device(x))
+    s, n = _reduce(lambda: [_opmath(x).sum(), _count(x)], 2, err, grid, axes, _device(x))
     return (s / n).to(x.dtype if x.is_floating_point() or x.is_complex() else torch.float64)
 
 
@@ -145,7 +151,9 @@ def _pointwise_loss(
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     err = _type_error(pred_local=pred, target_local=target) or _pair_error(pred, target)
-    s, n = _reduce(lambda: [fn(pred, target).sum(), _count(pred)], 2, err, grid, axes, _device(pred, target))
+    s, n = _reduce(
+        lambda: [fn(_opmath(pred), _opmath(target)).sum(), _count(pred)], 2, err, grid, axes, _device(pred, target)
+    )
     out = s / n if reduction == "mean" else s
     return out.to(torch.promote_types(pred.dtype, target.dtype))
 
@@ -259,14 +267,19 @@ def relative_l2_error(
         n = max(sizes[-1], 0)
 
         def terms() -> list[torch.Tensor]:
-            dims = tuple(range(1, pred.dim()))
-            d = ((pred - target) ** 2).sum(dims) if dims else (pred - target) ** 2
-            t = (target**2).sum(dims) if dims else target**2
-            return [d, t]
+            p, t = _opmath(pred), _opmath(target)
+            dims = tuple(range(1, p.dim()))
+            d = ((p - t) ** 2).sum(dims) if dims else (p - t) ** 2
+            return [d, (t**2).sum(dims) if dims else t**2]
 
         s = _reduce(terms, 2 * n, err, grid, axes, dev)
         out = (torch.sqrt(s[:n]) / torch.sqrt(s[n:])).mean()
     else:
-        s = _reduce(lambda: [((pred - target) ** 2).sum(), (target**2).sum()], 2, err, grid, axes, dev)
+
+        def whole() -> list[torch.Tensor]:
+            p, t = _opmath(pred), _opmath(target)
+            return [((p - t) ** 2).sum(), (t**2).sum()]
+
+        s = _reduce(whole, 2, err, grid, axes, dev)
         out = torch.sqrt(s[0]) / torch.sqrt(s[1])
     return out.to(torch.promote_types(pred.dtype, target.dtype))
