@@ -189,6 +189,8 @@ class DistTensor:
             Reduced dims are removed (kept with size 1 if ``keepdims``); the result is
             replicated along the grid axes that split them.
         """
+        if self._is_half():  # accumulate in float32, round to 16 bits once
+            return self.astype("float32")._reduce("sum", axis, keepdims).astype(self.local.dtype)
         return self._reduce("sum", axis, keepdims)
 
     def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
@@ -204,11 +206,18 @@ class DistTensor:
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
         """Collective over grid. Mean over ``axis``; layout as for :meth:`sum`.
 
-        Integer tensors give float64 (float32 stays float32)."""
+        Integer tensors give float64 (float32 stays float32; float16/bfloat16 are summed and
+        divided in float32, then rounded once)."""
         axes = normalize_axes(axis, self.ndim)
         count = math.prod(self.global_shape[d] for d in axes)
+        if self._is_half():
+            return (self.astype("float32")._reduce("sum", axes, keepdims) / count).astype(self.local.dtype)
         src = self if self._is_inexact() else self.astype("float64")
         return src._reduce("sum", axes, keepdims) / count
+
+    def _is_half(self) -> bool:
+        """float16 or bfloat16 blocks (reduced in float32, as torch accumulates them)."""
+        return str(self.local.dtype).removeprefix("torch.") in ("float16", "bfloat16")
 
     def _is_inexact(self) -> bool:
         """Floating point or complex blocks (bool and int ones are reduced in float64)."""
@@ -216,6 +225,8 @@ class DistTensor:
 
     def norm(self) -> DistTensor:
         """Collective over grid. Frobenius (2-) norm of the whole tensor, as a replicated 0-d tensor."""
+        if self._is_half():  # squares and sum in float32, rounded to 16 bits once
+            return self.astype("float32").norm().astype(self.local.dtype)
         src = self if self._is_inexact() else self.astype("float64")  # int squares overflow
         x = src.local
         sq = (x.abs() ** 2) if backend_name(x) == "torch" else abs(x) ** 2

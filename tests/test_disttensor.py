@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -423,3 +424,29 @@ def test_sum_of_0d_torch_ints_promotes_like_torch(grid1d: hpctp.ProcessGrid) -> 
         got = t.sum().local
         assert got.dtype == torch.sum(torch.ones((), dtype=dtype)).dtype == torch.int64, (dtype, got.dtype)
         assert int(got) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("like", ["torch-bfloat16", "torch-float16", "numpy-float16"])
+def test_half_precision_reductions_round_once(grid2d: hpctp.ProcessGrid, like: str) -> None:
+    """sum/mean/norm of 16-bit floats accumulate in float32 and round once: within half an ulp
+    of the exact value (rounding each rank's partial sum first, as before, is off by more)."""
+    backend, dtype = like.split("-")
+    bits = 8 if dtype == "bfloat16" else 11  # significand bits
+    gen = np.random.default_rng(3)
+    a64 = gen.uniform(0.5, 1.5, (13, 11))
+    ref = torch.from_numpy(a64).to(getattr(torch, dtype)) if backend == "torch" else a64.astype(dtype)
+    exact_in = np.asarray(torch.as_tensor(ref).double())  # the 16-bit values, exactly, in float64
+    x = hpctp.distribute(ref if grid2d.rank == 0 else None, grid2d, (0, 1))
+
+    def half_ulps(got: object, exact: float) -> float:
+        ulp = 2.0 ** (math.floor(math.log2(abs(exact))) - (bits - 1))
+        return abs(float(np.asarray(torch.as_tensor(got).double())) - exact) / (ulp / 2)
+
+    for what, got, exact in (
+        ("sum", x.sum().local, exact_in.sum()),
+        ("mean", x.mean().local, exact_in.mean()),
+        ("norm", x.norm().local, float(np.sqrt((exact_in**2).sum()))),
+    ):
+        err = half_ulps(got, float(exact))
+        assert_all(grid2d, err <= 1.0 + 1e-6, f"{like} {what}: {err:.2f} half-ulps from the exact value")
