@@ -70,6 +70,16 @@ def test_fft_reference_is_the_fno_layer() -> None:
     np.testing.assert_allclose(spectral_conv_fft(x, w).numpy(), torch.fft.irfft2(of, s=(12, 9)).numpy(), rtol=1e-13)
 
 
+def test_fft_reference_rejects_bad_inputs() -> None:
+    w = _weight(2, 2, (2, 3), 0)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got ndarray"):
+        spectral_conv_fft(np.zeros((1, 2, 4, 4)), w)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"x has 3 dims; this weight needs \[N, C, \*2 spatial\] \(4 dims\)"):
+        spectral_conv_fft(torch.zeros(1, 2, 4, dtype=F64), w)
+    with pytest.raises(ValueError, match="3 modes do not fit a dim of size 3"):
+        spectral_conv_fft(torch.zeros(1, 2, 4, 3, dtype=F64), w)
+
+
 # ----------------------------------------------------------------- distributed vs torch.fft
 # (shape, modes, skew): odd and even sizes, every mode (2m = n, Nyquist on the last axis),
 # blocks of one cell and empty blocks (4 ranks over a dim of 3)

@@ -22,7 +22,8 @@ def resolve_layout(
 ) -> Layout:  # fmt: skip
     """Collective over grid. ``layout`` inferred when None, else checked against the block on
     every rank (a block that does not match on one rank raises everywhere: none is left waiting);
-    ``error``, a failed earlier local check, is raised the same way."""
+    ``error``, a failed earlier local check, is raised the same way when a ``layout`` is given
+    (the inference's message cannot carry it: callers with an error pass their layout)."""
     if layout is None:
         return infer_layout(tuple(x.shape), grid, split)
     try:

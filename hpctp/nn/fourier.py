@@ -9,9 +9,10 @@ spectrum are summed with one ``Allreduce`` over the grid axes that split the fie
 rank multiplies the (small, replicated) spectrum by the weights, and each rank evaluates
 the inverse transform on its own output block. Backward is the adjoint: one more
 ``Allreduce``, of the output spectrum's gradient, after which the weight's gradient is
-complete on every rank (no gradient synchronisation of its own). The cost per axis is ``O(n m)`` instead of an
-FFT's ``O(n log n)``, with messages of the truncated spectrum's size instead of pencil
-transposes of the whole field: the right trade for the ``m`` of 8 to 32 that FNOs use.
+complete on every rank (no gradient synchronisation of its own). The cost per axis is
+``O(n m)`` instead of an FFT's ``O(n log n)``, with messages of the truncated spectrum's
+size instead of pencil transposes of the whole field: the right trade for the ``m`` of 8
+to 32 that FNOs use.
 
 The result equals :func:`spectral_conv_fft` (``torch.fft.rfftn`` -> keep the corner modes ->
 weights -> ``torch.fft.irfftn``, the layer of Li et al., 2021) on the gathered field.
@@ -93,12 +94,16 @@ def spectral_conv_fft(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    ValueError, TypeError
-        On a malformed weight, mismatched channels or dtype, or modes that do not fit.
+    TypeError
+        If ``x`` or ``weight`` is not a tensor, or the weight is not float32/float64.
+    ValueError
+        On a malformed weight, mismatched dims, channels or dtype, or modes that do not fit.
     """
     nd = _check_weight(weight)
-    if not isinstance(x, torch.Tensor) or x.ndim != nd + 2:
-        raise ValueError(f"x must be a [N, C, *{nd} spatial] torch.Tensor for this weight")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != nd + 2:
+        raise ValueError(f"x has {x.ndim} dims; this weight needs [N, C, *{nd} spatial] ({nd + 2} dims)")
     modes = _modes_of(weight)
     _check_input(x.shape, x.dtype, weight, modes)
     dims = tuple(range(2, nd + 2))
