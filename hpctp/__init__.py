@@ -4,7 +4,7 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
-from . import comm, halo, io, layout, linalg, perf, random
+from . import comm, fft, halo, io, layout, linalg, perf, random
 from .comm import CommCounter, ProcessGrid
 from .factories import distribute, empty, from_local, full, ones, zeros
 from .halo import HaloExchange
@@ -25,6 +25,7 @@ __all__ = [
     "comm",
     "distribute",
     "empty",
+    "fft",
     "from_local",
     "full",
     "halo",

@@ -148,6 +148,9 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         r0, c0 = x.local_offsets
         want = np.pad(a, 1, mode="wrap")[r0 : r0 + padded.shape[0], c0 : c0 + padded.shape[1]]
         assert_equal(grid2d, padded, want, "periodic halo of width 1")
+        f = hpctp.fft.rfftn(x.redistribute((0, None)))  # the backend's own FFT on the blocks
+        assert_all(grid2d, kind.holds(f.local), "FFT keeps the kind")
+        assert_allclose(grid2d, f.gather(None), np.fft.rfftn(a), rtol=1e-12, atol=1e-9, what="rfftn")
 
     _twice_with_reused_staging(grid2d, kind, run)
 

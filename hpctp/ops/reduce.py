@@ -19,18 +19,21 @@ __all__ = ["normalize_axes", "reduce_block", "REDUCTIONS"]
 REDUCTIONS = ("sum", "max", "min")
 
 
-def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
-    """Local. Reduction axes as sorted non-negative ints.
+def ordered_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """Local. Tensor dims (None: all; an int; a sequence; negative ones count from the end) as
+    distinct non-negative ints, in the order given.
 
     Raises
     ------
     ValueError
         If an axis is out of range or repeated.
+    TypeError
+        If an entry is not an int.
     """
     if axis is None:
         return tuple(range(ndim))
     items = (axis,) if is_int(axis) else tuple(axis)
-    out = []
+    out: list[int] = []
     for a in items:
         if not is_int(a):
             raise TypeError(f"axis entries must be ints, got {a!r}")
@@ -40,7 +43,18 @@ def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
         if a in out:
             raise ValueError(f"axis {a} is repeated in axis={axis!r}")
         out.append(a)
-    return tuple(sorted(out))
+    return tuple(out)
+
+
+def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """Local. Reduction axes as sorted non-negative ints (see :func:`ordered_axes`).
+
+    Raises
+    ------
+    ValueError
+        If an axis is out of range or repeated.
+    """
+    return tuple(sorted(ordered_axes(axis, ndim)))
 
 
 def _identity(op: str, dtype: object) -> object:

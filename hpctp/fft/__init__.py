@@ -1,0 +1,12 @@
+"""Distributed FFTs of DistTensors (``numpy.fft``-style): pencil plans and their execution.
+
+:func:`fft_plan` is the pure part (which layout each 1-D transform runs in);
+:func:`fftn`, :func:`ifftn`, :func:`rfftn` and :func:`irfftn` run it with one ``Alltoallv``
+per moved grid axis and the blocks' own FFT library. For the Fourier layers of a neural
+operator, which keep a few modes only, see :mod:`hpctp.nn.fourier` (no redistribution).
+"""
+
+from .plan import FFTStep, fft_plan, normalize_fft_axes
+from .transform import fftn, ifftn, irfftn, rfftn
+
+__all__ = ["FFTStep", "fft_plan", "fftn", "ifftn", "irfftn", "normalize_fft_axes", "rfftn"]

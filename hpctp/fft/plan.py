@@ -1,0 +1,137 @@
+"""Pencil plans for distributed FFTs: which layout each 1-D transform runs in (pure, no MPI).
+
+A 1-D FFT along a tensor dim needs that dim whole on every rank. When the grid divides
+it, its grid axis is moved to another dim that is not divided (one all-to-all); the
+classic pencil FFT of a 3-D field on a 2-D grid is the special case. The plan picks the
+order of the transforms (undivided dims first: they cost nothing) and, for each move, the
+dim that takes the grid axis: one already transformed, else one that is not transformed
+at all (batch, channels), else one still to be transformed; the largest of them, so
+blocks stay balanced.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..ints import is_int
+from ..ops.reduce import ordered_axes
+
+__all__ = ["FFTStep", "fft_plan", "normalize_fft_axes"]
+
+
+@dataclass(frozen=True)
+class FFTStep:
+    """Local. One 1-D transform along ``axis``, run with the tensor split as ``split``."""
+
+    axis: int
+    split: tuple[int | None, ...]
+
+
+def normalize_fft_axes(axes: object, ndim: int) -> tuple[int, ...]:
+    """Local. ``axes`` (None: every dim; an int; a sequence) as distinct dims in ``0..ndim-1``,
+    in the order given; negative entries count from the end, as numpy's.
+
+    Raises
+    ------
+    ValueError
+        If an axis is out of range or repeated, or there is none.
+    TypeError
+        If an entry is not an int, or ``axes`` is not a sequence.
+    """
+    if axes is not None and not is_int(axes) and not isinstance(axes, Iterable):
+        raise TypeError(f"axes must be None, an int or a sequence of ints, got {type(axes).__name__}")
+    out = ordered_axes(cast(Any, axes), ndim)
+    if not out:
+        raise ValueError("axes is empty: name at least one dim to transform")
+    return out
+
+
+def fft_plan(
+    split: Sequence[int | None],
+    shape: Sequence[int],
+    grid_dims: Sequence[int],
+    axes: Sequence[int],
+    first: int | None = None,
+    last: int | None = None,
+) -> tuple[FFTStep, ...]:
+    """Local. The 1-D transforms of an n-D FFT over ``axes`` and the split each one runs in.
+
+    Cached: the same arguments return the same plan without recomputing it.
+
+    Parameters
+    ----------
+    split : sequence of (int or None)
+        The tensor's split (grid axis per dim) before the transform.
+    shape : sequence of int
+        Its global shape (the larger of two candidate dims takes a moved grid axis).
+    grid_dims : sequence of int
+        The grid's shape (a dim split over a grid axis of size 1 is whole already).
+    axes : sequence of int
+        Distinct dims to transform (see :func:`normalize_fft_axes`).
+    first, last : int, optional
+        A dim of ``axes`` that must be transformed first (``rfftn``'s half axis) or last
+        (``irfftn``'s).
+
+    Returns
+    -------
+    tuple of FFTStep
+        In order; consecutive steps whose splits differ need one redistribution between
+        them (and the first one from ``split``).
+
+    Raises
+    ------
+    ValueError
+        If a divided dim must be transformed but every other dim is divided too (no dim can
+        take its grid axis): use a grid with fewer dims than the tensor, or add a dim.
+    """
+    return _plan(tuple(split), tuple(shape), tuple(grid_dims), tuple(axes), first, last)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    split: tuple[int | None, ...],
+    shape: tuple[int, ...],
+    grid_dims: tuple[int, ...],
+    axes: tuple[int, ...],
+    first: int | None,
+    last: int | None,
+) -> tuple[FFTStep, ...]:
+    cur = list(split)
+    done: set[int] = set()
+    todo = [a for a in axes if a not in (first, last)]
+    steps: list[FFTStep] = []
+
+    def whole(a: int) -> bool:
+        g = cur[a]
+        return g is None or grid_dims[g] == 1
+
+    def run(a: int) -> None:
+        g = cur[a]
+        if not whole(a):
+            free = [d for d in range(len(cur)) if d != a and whole(d)]  # (a size-1 grid axis there is dropped)
+            if not free:
+                raise ValueError(
+                    f"cannot transform dim {a} of a tensor of shape {tuple(shape)} split {tuple(split)}: every "
+                    f"other dim is divided by the grid too, so no dim can take grid axis {g} while dim {a} is "
+                    f"whole; use a grid with fewer dims than the tensor (e.g. a 2-D grid for a 3-D field) or "
+                    f"add a dim (batch, channels)"
+                )
+            pending = set(todo) | {x for x in (first, last) if x is not None and x not in done}
+            b = min(free, key=lambda d: (0 if d in done else 2 if d in pending else 1, -shape[d], d))
+            cur[a], cur[b] = None, g
+        steps.append(FFTStep(a, tuple(cur)))
+        done.add(a)
+
+    if first is not None:
+        run(first)
+    while todo:
+        ready = [a for a in todo if whole(a)]
+        a = ready[0] if ready else todo[0]
+        todo.remove(a)
+        run(a)
+    if last is not None:
+        run(last)
+    return tuple(steps)

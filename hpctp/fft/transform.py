@@ -1,0 +1,180 @@
+"""Distributed n-D FFTs of DistTensors: pencil redistributions around local 1-D transforms."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from .. import comm as C
+from ..backend import backend_name
+from ..ints import is_int
+from ..layout import Layout, normalize_split
+from ..tensor import DistTensor
+from .plan import fft_plan, normalize_fft_axes
+
+__all__ = ["fftn", "ifftn", "rfftn", "irfftn"]
+
+_NORMS = (None, "backward", "ortho", "forward")
+
+
+def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
+    """This block's 1-D ``kind`` transform along ``axis`` with its own backend's FFT."""
+    name = backend_name(x)
+    if name == "torch":
+        import torch
+
+        return getattr(torch.fft, kind)(x, n=n, dim=axis, norm=norm)
+    if name == "numpy":
+        import numpy as np
+
+        return getattr(np.fft, kind)(x, n=n, axis=axis, norm=norm)
+    import cupy
+
+    return getattr(cupy.fft, kind)(x, n=n, axis=axis, norm=norm)
+
+
+def _layout(old: Layout, shape: tuple[int, ...], split: tuple[int | None, ...], keep: tuple[int, ...]) -> Layout:
+    """``split`` on ``shape``, keeping ``old``'s cuts of the dims in ``keep`` (balanced elsewhere)."""
+    cuts = tuple(
+        old.cuts[d] if d in keep and old.cuts and old.split[d] == split[d] else None for d in range(len(shape))
+    )
+    return Layout(shape, old.grid_dims, split, cuts)
+
+
+def _run(
+    x: DistTensor, what: str, axes: object, norm: object, out_split: object, half: str | None, s_last: object = None
+) -> DistTensor:
+    error: Exception | None = None
+    steps: tuple[Any, ...] = ()
+    target: Layout | None = None
+    n_last: int | None = None
+    try:
+        if not isinstance(x, DistTensor):
+            raise TypeError(f"{what} needs a hpctp.DistTensor, got {type(x).__name__}")
+        if norm not in _NORMS:
+            raise ValueError(f"norm must be None, 'backward', 'ortho' or 'forward', got {norm!r}")
+        ax = normalize_fft_axes(axes, x.ndim)
+        shape = list(x.global_shape)
+        if any(shape[a] == 0 for a in ax) and half != "irfft":
+            raise ValueError(f"{what}: cannot transform an empty dim (shape {tuple(shape)}, axes {ax})")
+        if half == "irfft":
+            m = shape[ax[-1]]
+            if s_last is not None and (not is_int(s_last) or s_last < 1):
+                raise ValueError(f"{what}: n={s_last!r} (the last axis' output length) must be an int >= 1")
+            n_last = int(s_last) if s_last is not None else 2 * (m - 1)
+            if n_last < 1:
+                raise ValueError(f"{what}: the last axis has {m} modes; give n (its output length) explicitly")
+        if half == "rfft" and "complex" in str(x.dtype):
+            raise TypeError(f"{what} transforms real data; got a {x.dtype} tensor (use fftn)")
+        first, last = (ax[-1], None) if half == "rfft" else (None, ax[-1]) if half == "irfft" else (None, None)
+        steps = fft_plan(x.split, shape, x.grid.dims, ax, first, last)
+        if half == "rfft":
+            shape[ax[-1]] = shape[ax[-1]] // 2 + 1
+        elif n_last is not None:  # irfft
+            shape[ax[-1]] = n_last
+        if isinstance(out_split, str) and out_split == "same":
+            out = x.split
+        elif isinstance(out_split, str) and out_split == "any":
+            out = steps[-1].split
+        else:
+            out = normalize_split(out_split, x.ndim, x.grid.ndim)
+        keep = tuple(d for d in range(x.ndim) if half is None or d != ax[-1])
+        target = _layout(x.layout, tuple(shape), out, keep)
+    except (TypeError, ValueError) as e:
+        error = e
+    if not isinstance(x, DistTensor):  # no communicator to tell the other ranks
+        raise error if error is not None else TypeError(f"{what} needs a hpctp.DistTensor")
+    C.agree_arguments(x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last)
+    grid, out_layout = x.grid, cast(Layout, target)  # (set: no rank failed the checks)
+    base = "ifft" if half == "irfft" or what == "ifftn" else "fft"
+    y = x
+    for i, step in enumerate(steps):
+        y = y.redistribute(_layout(y.layout, y.global_shape, step.split, tuple(range(y.ndim))))
+        kind, n = base, None
+        if (half == "rfft" and i == 0) or (half == "irfft" and i == len(steps) - 1):
+            kind, n = half, n_last
+        block = _local(y.local, kind, step.axis, n, norm)
+        new_shape = list(y.global_shape)
+        new_shape[step.axis] = int(block.shape[step.axis])
+        y = DistTensor(block, grid, _layout(y.layout, tuple(new_shape), step.split, tuple(range(y.ndim))))
+    return y.redistribute(out_layout)
+
+
+def fftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split: object = "same") -> DistTensor:
+    """Collective over grid. n-D discrete Fourier transform of a distributed tensor (``numpy.fft.fftn``).
+
+    Each 1-D transform runs on whole pencils: a dim divided by the grid first hands its grid
+    axis to another dim (one ``Alltoallv``; see :func:`hpctp.fft.fft_plan`), then every rank
+    transforms its block with its own backend (numpy, torch or cupy FFT). Not differentiable.
+
+    Parameters
+    ----------
+    x : DistTensor
+    axes : int or sequence of int, optional
+        Dims to transform (default: all).
+    norm : {None, "backward", "ortho", "forward"}
+        As numpy.
+    out_split : "same", "any" or split specification
+        Layout of the result: the input's (default), whatever the last transform left
+        (saves the final redistribution: the transposed output of pencil FFTs), or a split.
+
+    Returns
+    -------
+    DistTensor
+        Complex, of the backend's complex dtype; equals the backend's ``fftn`` on the
+        gathered tensor.
+
+    Raises
+    ------
+    ValueError
+        On every rank: bad axes or norm, an empty dim to transform, or a divided dim that no
+        other (undivided) dim can relieve.
+    TypeError
+        If ``x`` is not a DistTensor.
+    """
+    return _run(x, "fftn", axes, norm, out_split, None)
+
+
+def ifftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split: object = "same") -> DistTensor:
+    """Collective over grid. Inverse of :func:`fftn` (``numpy.fft.ifftn``); same parameters."""
+    return _run(x, "ifftn", axes, norm, out_split, None)
+
+
+def rfftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split: object = "same") -> DistTensor:
+    """Collective over grid. n-D FFT of a real distributed tensor (``numpy.fft.rfftn``).
+
+    The last of ``axes`` is transformed first, with ``rfft``, and shrinks to ``n // 2 + 1``;
+    see :func:`fftn` for the rest.
+
+    Raises
+    ------
+    TypeError
+        On a complex tensor (use :func:`fftn`) or a non-DistTensor.
+    ValueError
+        As :func:`fftn`.
+    """
+    return _run(x, "rfftn", axes, norm, out_split, "rfft")
+
+
+def irfftn(
+    x: DistTensor, n: int | None = None, axes: object = None, norm: str | None = None, out_split: object = "same"
+) -> DistTensor:
+    """Collective over grid. Inverse of :func:`rfftn` (``numpy.fft.irfftn``).
+
+    The last of ``axes`` is transformed last, with ``irfft``, to length ``n`` (default
+    ``2 * (m - 1)`` for ``m`` modes, as numpy); the others with ``ifft``.
+
+    Parameters
+    ----------
+    x : DistTensor
+        Complex.
+    n : int, optional
+        Output length of the last axis (numpy's ``s[-1]``).
+    axes, norm, out_split
+        As :func:`fftn`.
+
+    Returns
+    -------
+    DistTensor
+        Real.
+    """
+    return _run(x, "irfftn", axes, norm, out_split, "irfft", n)

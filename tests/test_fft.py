@@ -1,0 +1,170 @@
+"""Distributed FFTs (hpctp.fft) vs numpy.fft / torch.fft on the gathered tensor; pencil plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_conv_common import make_layout
+
+import hpctp
+from hpctp import fft as F
+from hpctp.comm import CommCounter
+from hpctp.fft import FFTStep, fft_plan, normalize_fft_axes
+from hpctp.testing import assert_all, assert_allclose
+
+RTOL = 1e-12
+
+
+# ----------------------------------------------------------------- plans (no MPI)
+def test_pencil_plan_of_a_3d_field_on_a_2d_grid() -> None:
+    """The classic pencil FFT: the whole dim first, then each divided dim swaps with a done one."""
+    steps = fft_plan((0, 1, None), (8, 8, 8), (2, 2), (0, 1, 2))
+    assert steps == (FFTStep(2, (0, 1, None)), FFTStep(0, (None, 1, 0)), FFTStep(1, (1, None, 0)))
+
+
+def test_plan_parks_grid_axes_on_the_largest_untransformed_dim() -> None:
+    steps = fft_plan((None, None, 0, 1), (2, 16, 9, 8), (2, 2), (2, 3))
+    assert steps[0] == FFTStep(2, (None, 0, None, 1))  # channels (16) rather than batch (2)
+    assert steps[1] == FFTStep(3, (None, 0, 1, None))  # then onto the transformed dim 2
+
+
+def test_plan_order_constraints_and_size_one_axes() -> None:
+    assert fft_plan((0, None), (6, 5), (2,), (0, 1), first=1)[0] == FFTStep(1, (0, None))  # rfftn: half axis first
+    steps = fft_plan((None, 0), (6, 5), (2,), (0, 1), last=1)  # irfftn: the half axis last
+    assert [s.axis for s in steps] == [0, 1] and steps[-1].split == (0, None)
+    assert fft_plan((0, 1, 2), (4, 5, 3), (1, 1, 1), (0, 1, 2)) == tuple(FFTStep(a, (0, 1, 2)) for a in (0, 1, 2))
+    # a size-1 grid axis is dropped from the dim that takes a real one
+    assert fft_plan((0, 1), (4, 5), (2, 1), (0,)) == (FFTStep(0, (None, 0)),)
+
+
+def test_plan_refuses_a_tensor_divided_everywhere() -> None:
+    with pytest.raises(ValueError, match=r"cannot transform dim 0 .* use a grid with fewer dims"):
+        fft_plan((0, 1), (4, 4), (2, 2), (0, 1))
+
+
+def test_normalize_fft_axes() -> None:
+    assert normalize_fft_axes(None, 3) == (0, 1, 2)
+    assert normalize_fft_axes(-1, 3) == (2,)
+    assert normalize_fft_axes((2, np.int64(0)), 3) == (2, 0)
+    with pytest.raises(ValueError, match="axis 0 is repeated"):
+        normalize_fft_axes((0, -3), 3)
+    with pytest.raises(ValueError, match="out of range"):
+        normalize_fft_axes(3, 3)
+    with pytest.raises(TypeError, match="axis entries must be ints"):
+        normalize_fft_axes((0.0,), 3)
+    with pytest.raises(ValueError, match="axes is empty"):
+        normalize_fft_axes((), 3)
+
+
+# ----------------------------------------------------------------- distributed vs numpy
+# (shape, split, axes, norm): pencils, batch/channel dims, subsets, negative axes, norms
+CASES = [
+    ((6, 5, 7), (0, 1, None), None, None),
+    ((2, 3, 9, 8), (None, None, 0, 1), (2, 3), "ortho"),
+    ((7, 6, 4), (1, None, 0), (0, -1), "forward"),
+    ((5, 9), (0, None), None, "backward"),
+    ((3, 4, 5), (None, 0, 1), (1,), None),
+]
+
+
+def _block(grid: hpctp.ProcessGrid, a: np.ndarray, split: tuple, skew: bool) -> hpctp.DistTensor:
+    lay = make_layout(grid, a.shape, split, skew)
+    return hpctp.DistTensor(np.ascontiguousarray(a[lay.local_slices(grid.coords)]), grid, lay)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[2]}-{c[3]}")
+@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
+def test_fftn_family_matches_numpy(grid2d: hpctp.ProcessGrid, case: tuple, skew: bool) -> None:
+    shape, split, axes, norm = case
+    a = np.random.default_rng(1).standard_normal(shape)
+    x = _block(grid2d, a, split, skew)
+    ax = normalize_fft_axes(axes, len(shape))
+    last = ax[-1]
+    for name, got, want in (
+        ("fftn", F.fftn(x, axes, norm), np.fft.fftn(a, axes=ax, norm=norm)),
+        ("rfftn", F.rfftn(x, axes, norm), np.fft.rfftn(a, axes=ax, norm=norm)),
+    ):
+        assert_all(grid2d, got.split == split, f"{name}: split {got.split}, expected the input's {split}")
+        if name == "fftn":
+            assert_all(grid2d, got.layout.cuts == x.layout.cuts, f"fftn cuts {got.layout.cuts} != {x.layout.cuts}")
+        assert_allclose(grid2d, got.gather(None), want, rtol=RTOL, atol=1e-12, what=name)
+        if name == "fftn":
+            back = F.ifftn(got, axes, norm)
+            assert_allclose(grid2d, back.gather(None), np.fft.ifftn(want, axes=ax, norm=norm), rtol=RTOL, atol=1e-12)
+        else:
+            back = F.irfftn(got, shape[last], axes, norm)
+            assert_allclose(
+                grid2d, back.gather(None), np.fft.irfftn(want, s=[shape[d] for d in ax], axes=ax, norm=norm),
+                rtol=RTOL, atol=1e-12, what="irfftn",
+            )  # fmt: skip
+        assert_allclose(grid2d, back.gather(None).real, a, rtol=1e-10, atol=1e-12, what=f"{name} round trip")
+
+
+@pytest.mark.mpi
+def test_torch_blocks_and_output_layouts(grid2d: hpctp.ProcessGrid) -> None:
+    """torch blocks use torch.fft (complex128 out); out_split="any" skips the last move."""
+    a = torch.randn(6, 5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1, None))
+    x = x.to("torch")
+    want = torch.fft.fftn(a)
+    for out in ("same", "any", (None, 0, 1)):
+        y = F.fftn(x, out_split=out)
+        ok = isinstance(y.local, torch.Tensor) and y.local.dtype == torch.complex128
+        assert_all(grid2d, ok, f"torch block of complex128, got {type(y.local).__name__}")
+        assert_allclose(grid2d, y.gather(None), want, rtol=RTOL, atol=1e-12, what=f"out_split={out}")
+        if out == (None, 0, 1):
+            assert_all(grid2d, y.split == (None, 0, 1), f"split {y.split}")
+    r = F.irfftn(F.rfftn(x.astype(torch.float32)), n=7)
+    assert_all(grid2d, r.local.dtype == torch.float32, f"float32 round trip gives {r.local.dtype}")
+    assert_allclose(grid2d, r.gather(None), a.float(), rtol=1e-5, atol=1e-5, what="float32 round trip")
+
+
+@pytest.mark.mpi
+def test_messages_are_one_alltoallv_per_move(grid2d: hpctp.ProcessGrid) -> None:
+    a = np.random.default_rng(3).standard_normal((6, 5, 7))
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1, None))
+    steps = fft_plan(x.split, x.global_shape, grid2d.dims, (0, 1, 2))
+
+    def moves(splits: list) -> int:
+        eff = [tuple(g if g is not None and grid2d.dims[g] > 1 else None for g in s) for s in splits]
+        return sum(p != q for p, q in zip(eff, eff[1:]))
+
+    splits = [x.split] + [s.split for s in steps]
+    for out, extra in (("any", []), ("same", [x.split])):
+        with CommCounter() as c:
+            F.fftn(x, out_split=out)
+        want = moves(splits + extra)
+        got = c.calls.get("Alltoallv", 0)
+        assert_all(grid2d, got == want, f"out_split={out}: {got} Alltoallv, expected {want} ({c.calls})")
+    if grid2d.dims == (2, 2):
+        assert_all(grid2d, moves(splits) == 2, "a pencil FFT on 2x2 moves twice")
+
+
+@pytest.mark.mpi
+def test_bad_arguments_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    a = np.zeros((4, 6))
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, None))
+    with pytest.raises(ValueError, match="norm must be"):
+        F.fftn(x, norm="unitary")
+    with pytest.raises(ValueError, match="out of range"):
+        F.fftn(x, axes=(2,))
+    with pytest.raises(TypeError, match="transforms real data"):
+        F.rfftn(F.fftn(x))
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        F.irfftn(F.rfftn(x), n=0)
+    if grid2d.size > 1:
+        with pytest.raises(ValueError, match="ranks passed different axes"):
+            F.fftn(x, axes=(grid2d.rank % 2,))
+    with pytest.raises(TypeError, match="needs a hpctp.DistTensor"):
+        F.fftn(a)  # type: ignore[arg-type]
+    full = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
+    if all(d > 1 for d in grid2d.dims):
+        with pytest.raises(ValueError, match="use a grid with fewer dims"):
+            F.fftn(full)
+    else:  # a size-1 grid axis divides nothing
+        assert_allclose(grid2d, F.fftn(full).gather(None), np.fft.fftn(a), rtol=RTOL, atol=1e-12)
+    empty = hpctp.distribute(np.zeros((0, 3)) if grid2d.rank == 0 else None, grid2d, (0, None))
+    with pytest.raises(ValueError, match="cannot transform an empty dim"):
+        F.fftn(empty)
