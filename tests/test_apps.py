@@ -16,6 +16,7 @@ from apps.simulate.grayscott import GrayScott, initial_state
 from apps.simulate.run import save_snapshots, simulate
 from apps.surrogate.data import open_pairs
 from apps.surrogate.models import build_model
+from apps.surrogate.spectrum import band_errors, high_band_mask
 from apps.surrogate.train import fit_delta_scale, make_optimizer, train_step
 from hpctp.io import FieldLoader
 from hpctp.log import get_logger
@@ -91,3 +92,30 @@ def test_training_matches_single_process_torch(
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_allclose(grid2d, p.detach(), q.detach(), rtol=1e-8, atol=1e-12, what=f"parameter {name}")
     assert math.isfinite(losses[-1])
+
+
+@pytest.mark.mpi
+def test_band_errors_match_numpy_on_the_gathered_fields(grid2d: hpctp.ProcessGrid) -> None:
+    """The distributed wavenumber-band errors (hpctp.fft) equal the norms of the band-filtered
+    error (numpy on the whole field) over the truth's norm, and add up to the relative L2 error."""
+    shape = (2, 2, 12, 10)
+    gen = np.random.default_rng(5)
+    truth = gen.standard_normal(shape)
+    pred = truth + 0.1 * gen.standard_normal(shape)
+    lay = hpctp.Layout(shape, grid2d.dims, (None, None, 0, 1))
+    sl = lay.local_slices(grid2d.coords)
+
+    def dist(a: np.ndarray) -> hpctp.DistTensor:
+        return hpctp.DistTensor(torch.from_numpy(np.ascontiguousarray(a[sl])), grid2d, lay)
+
+    low, high = band_errors(dist(pred), dist(truth))
+    mask, _ = high_band_mask((12, 10), slice(None), slice(None))
+    want = []
+    for band in (~mask, mask):  # the band-filtered error field, by inverse FFT
+        keep = np.zeros((12, 6))
+        keep[band] = 1.0
+        filtered = np.fft.irfft2(np.fft.rfft2(pred - truth) * keep, s=(12, 10))
+        want.append(np.linalg.norm(filtered) / np.linalg.norm(truth))
+    assert_allclose(grid2d, np.array([low, high]), np.array(want), rtol=1e-12, what="band errors")
+    total = np.linalg.norm(pred - truth) / np.linalg.norm(truth)
+    assert_allclose(grid2d, np.hypot(low, high), total, rtol=1e-12, what="bands add up to the L2 error")

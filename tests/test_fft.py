@@ -116,6 +116,10 @@ def test_torch_blocks_and_output_layouts(grid2d: hpctp.ProcessGrid) -> None:
         assert_allclose(grid2d, y.gather(None), want, rtol=RTOL, atol=1e-12, what=f"out_split={out}")
         if out == (None, 0, 1):
             assert_all(grid2d, y.split == (None, 0, 1), f"split {y.split}")
+    f = torch.randn(1, 2, 9, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    fx = hpctp.distribute(f if grid2d.rank == 0 else None, grid2d, (None, None, 0, 1)).to("torch")
+    got = F.rfftn(fx, axes=(2, 3))  # a moved grid axis may leave a rank no channel: an empty torch block
+    assert_allclose(grid2d, got.gather(None), torch.fft.rfftn(f, dim=(2, 3)), rtol=RTOL, atol=1e-12, what="empty")
     r = F.irfftn(F.rfftn(x.astype(torch.float32)), n=7)
     assert_all(grid2d, r.local.dtype == torch.float32, f"float32 round trip gives {r.local.dtype}")
     assert_allclose(grid2d, r.gather(None), a.float(), rtol=1e-5, atol=1e-5, what="float32 round trip")

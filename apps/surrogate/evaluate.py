@@ -12,9 +12,10 @@ import hpctp
 from hpctp.io import load_checkpoint
 from hpctp.nn import relative_l2_error
 
-from .blocks import pointwise
+from .blocks import pointwise, with_local
 from .data import open_pairs
 from .models import build_model
+from .spectrum import band_errors
 
 __all__ = ["load_model", "evaluate"]
 
@@ -35,13 +36,16 @@ def evaluate(
     Returns
     -------
     dict
-        ``surrogate`` (model error), ``persistence`` (error of predicting no change) and
-        ``pairs`` (count); the same on every rank.
+        ``surrogate`` (model error), ``persistence`` (error of predicting no change),
+        ``pairs`` (count) and ``surrogate_low_k``/``surrogate_high_k`` (the parts of the model's error from
+        the low and high wavenumber band, :func:`apps.surrogate.spectrum.band_errors`); the
+        same on every rank.
     """
     pairs = open_pairs(data, grid, cfg, "eval")
     model = load_model(cfg, checkpoint, pairs.layout.global_shape[0], grid)
     dtype = next(model.parameters()).dtype
     err_model, err_persist, shown = [], [], None
+    err_bands: list[tuple[float, float]] = []
     with torch.no_grad():
         for i in range(len(pairs)):
             x, y = pairs.read_batch([i])
@@ -52,6 +56,7 @@ def evaluate(
             yt = y.local.to(dtype)
             err_model.append(float(relative_l2_error(pred.local, yt, grid)))
             err_persist.append(float(relative_l2_error(xin.local, yt, grid)))
+            err_bands.append(band_errors(pred, with_local(y, yt)))
             if i == len(pairs) - 1:
                 shown = (x, y, pred)
     pairs.close()
@@ -59,10 +64,16 @@ def evaluate(
         "surrogate": float(np.mean(err_model)),
         "persistence": float(np.mean(err_persist)),
         "pairs": float(len(err_model)),
+        "surrogate_low_k": float(np.mean([b[0] for b in err_bands])),
+        "surrogate_high_k": float(np.mean([b[1] for b in err_bands])),
     }
     log.info(
         "held-out relative L2 error: surrogate %.4f, persistence baseline %.4f (%d pairs)",
         result["surrogate"], result["persistence"], len(err_model),
+    )  # fmt: skip
+    log.info(
+        "its share by wavenumber (hpctp.fft): %.4f from |k| <= k_max/2, %.4f from above (squares add up)",
+        result["surrogate_low_k"], result["surrogate_high_k"],
     )  # fmt: skip
     if plot and shown is not None:
         write_plot(plot, *shown, grid)

@@ -17,19 +17,30 @@ _NORMS = (None, "backward", "ortho", "forward")
 
 
 def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
-    """This block's 1-D ``kind`` transform along ``axis`` with its own backend's FFT."""
+    """This block's 1-D ``kind`` transform along ``axis`` with its own backend's FFT.
+
+    An empty block (a rank with no batch/channel entries: a moved grid axis can divide a dim
+    into more parts than it has entries) gets the transform of a one-entry stand-in, cut back
+    to empty: the right shape and dtype, and no call into an FFT library that refuses it."""
     name = backend_name(x)
     if name == "torch":
         import torch
 
-        return getattr(torch.fft, kind)(x, n=n, dim=axis, norm=norm)
-    if name == "numpy":
-        import numpy as np
+        def run(a: Any) -> Any:
+            return getattr(torch.fft, kind)(a, n=n, dim=axis, norm=norm)
 
-        return getattr(np.fft, kind)(x, n=n, axis=axis, norm=norm)
-    import cupy
+        zeros: Any = lambda shape: torch.zeros(shape, dtype=x.dtype, device=x.device)  # noqa: E731
+    else:
+        xp: Any = __import__("numpy") if name == "numpy" else __import__("cupy")
 
-    return getattr(cupy.fft, kind)(x, n=n, axis=axis, norm=norm)
+        def run(a: Any) -> Any:
+            return getattr(xp.fft, kind)(a, n=n, axis=axis, norm=norm)
+
+        zeros = lambda shape: xp.zeros(shape, dtype=x.dtype)  # noqa: E731
+    if all(int(s) for s in x.shape):
+        return run(x)
+    probe = run(zeros(tuple(max(int(s), 1) for s in x.shape)))
+    return probe[tuple(slice(0, int(s)) if d != axis else slice(None) for d, s in enumerate(x.shape))]
 
 
 def _layout(old: Layout, shape: tuple[int, ...], split: tuple[int | None, ...], keep: tuple[int, ...]) -> Layout:
