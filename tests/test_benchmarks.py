@@ -49,6 +49,7 @@ SMALL = {
         ["--size", "64", "--channels", "2", "--modes", "4", "--layers", "2", "--reps", "1"],
         ["time ratio hpctp/torch", "bytes sent per rank", "loss check"],
     ),
+    "fft.py": (["--size", "24", "--reps", "1"], ["time ratio hpctp/numpy", "bytes sent per rank"]),
     "io_read.py": (["--gib", "0.002", "--repeat", "1"], ["speed-up  :", "2 ranks   :"]),
 }
 
@@ -70,6 +71,8 @@ def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
     if script in ("conv.py", "fno.py"):  # the same loss on 2 ranks and in the single-process reference
         diff = float(out.split("rel diff")[1].split()[0])
         assert diff < 1e-5, out[-2000:]
+    if script == "fft.py":  # the gathered distributed FFT equals numpy's
+        assert float(out.split("max |numpy| =")[1].split()[0]) < 1e-12, out[-2000:]
     if script == "fno.py":  # only the truncated spectrum travels in forward, not the field
         ratio = float(out.split("forward / field =")[1].split()[0])
         assert ratio < 0.1, out[-2000:]
