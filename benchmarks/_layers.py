@@ -27,7 +27,7 @@ __all__ = [
     "field",
     "gather_stats",
     "peak_mb",
-    "reference_result",
+    "reference",
     "reference_run",
     "report",
     "rss_mb",
@@ -106,8 +106,17 @@ def run(
     return sum(times[1:]) / max(reps, 1), sum(cpu[1:]) / max(reps, 1), loss
 
 
-def reference_result(sec: float, cpu: float, loss: float, base: float) -> None:
-    """Local. Print the reference process's one JSON line (read by :func:`reference_run`)."""
+def reference(
+    args: argparse.Namespace, make: Callable[[int, int, torch.dtype], torch.nn.Module], act: type[torch.nn.Module]
+) -> None:
+    """Local (the reference process). Time the stack of ``make(channels, seed, dtype)`` layers on
+    the whole field with ``args.threads`` torch threads; print one JSON line for :func:`reference_run`."""
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    base = rss_mb()
+    x = field(args.channels, (0, args.size), (0, args.size), dtype)
+    model = stack(lambda c, seed: make(c, seed, dtype), args.layers, args.channels, act)
+    sec, cpu, loss = run(model, x, args.reps)
     print(json.dumps({"sec": sec, "cpu": cpu, "loss": loss, "peak_mb": peak_mb(), "base_mb": base}), flush=True)
 
 

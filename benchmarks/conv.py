@@ -23,17 +23,12 @@ import torch
 
 def reference(args: argparse.Namespace) -> None:
     """Single-process torch (a singleton MPI, unused: the script starts through hpctp.runner); one JSON line."""
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    base = L.rss_mb()
-    x = L.field(args.channels, (0, args.size), (0, args.size), dtype)
 
-    def make(c: int, seed: int) -> torch.nn.Module:
+    def make(c: int, seed: int, dtype: torch.dtype) -> torch.nn.Module:
         torch.manual_seed(seed)
         return torch.nn.Conv2d(c, c, 3, padding=1, dtype=dtype)
 
-    sec, cpu, loss = L.run(L.stack(make, args.layers, args.channels, torch.nn.ReLU), x, args.reps)
-    L.reference_result(sec, cpu, loss, base)
+    L.reference(args, make, torch.nn.ReLU)
 
 
 def distributed(args: argparse.Namespace) -> None:

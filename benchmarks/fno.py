@@ -31,11 +31,11 @@ class _FFTLayer(torch.nn.Module):
     """The reference layer: ``spectral_conv_fft`` with SpectralConv2d's weight and initialisation."""
 
     def __init__(self, c: int, modes: int, seed: int, dtype: torch.dtype) -> None:
+        from hpctp.nn.spectral import spectral_weight
+
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty((c, c, 2 * modes, modes, 2), dtype=dtype))
-        torch.manual_seed(seed)  # as SpectralConv2d(seed=seed): uniform [0, 1/(C_in C_out))
-        with torch.no_grad():
-            self.weight.uniform_(0.0, 1.0 / (c * c))
+        torch.manual_seed(seed)  # then the weight of SpectralConv2d(seed=seed)
+        self.weight = torch.nn.Parameter(spectral_weight(c, c, (modes, modes), dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from hpctp.nn.functional import spectral_conv_fft
@@ -47,16 +47,10 @@ def reference(args: argparse.Namespace) -> None:
     """Single process (a singleton MPI, unused: the script starts through hpctp.runner); one JSON line."""
     import hpctp.nn.functional  # noqa: F401  (imported before the baseline RSS, as in the ranks)
 
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    base = L.rss_mb()
-    x = L.field(args.channels, (0, args.size), (0, args.size), dtype)
-
-    def make(c: int, seed: int) -> torch.nn.Module:
+    def make(c: int, seed: int, dtype: torch.dtype) -> torch.nn.Module:
         return _FFTLayer(c, args.modes, seed, dtype)
 
-    sec, cpu, loss = L.run(L.stack(make, args.layers, args.channels, torch.nn.GELU), x, args.reps)
-    L.reference_result(sec, cpu, loss, base)
+    L.reference(args, make, torch.nn.GELU)
 
 
 def _bytes(b: float) -> str:

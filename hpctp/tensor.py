@@ -13,6 +13,7 @@ import numpy as np
 from . import comm as C
 from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, dtype_kind, is_device
 from .comm import ProcessGrid, check_grid
+from .dtypes import dtype_name
 from .ints import is_int
 from .layout import Layout
 from .ops.reduce import normalize_axes, reduce_block
@@ -217,7 +218,7 @@ class DistTensor:
 
     def _is_half(self) -> bool:
         """float16 or bfloat16 blocks (reduced in float32, as torch accumulates them)."""
-        return str(self.local.dtype).removeprefix("torch.") in ("float16", "bfloat16")
+        return dtype_name(self.local.dtype) in ("float16", "bfloat16")
 
     def _is_inexact(self) -> bool:
         """Floating point or complex blocks (bool and int ones are reduced in float64)."""

@@ -20,6 +20,7 @@ import torch
 import hpctp
 from hpctp.nn import Conv2d, MaxPool2d, SpectralConv2d, Upsample
 from hpctp.nn.functional import spectral_conv_fft
+from hpctp.nn.spectral import spectral_weight
 
 from .blocks import cat_channels, pointwise, with_local
 
@@ -130,10 +131,9 @@ class _FFTSpectralConv2d(torch.nn.Module):
 
     def __init__(self, cin: int, cout: int, modes: int, seed: int, dtype: torch.dtype):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty(cin, cout, 2 * modes, modes, 2, dtype=dtype))
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.weight.uniform_(0.0, 1.0 / (cin * cout))
+            self.weight = torch.nn.Parameter(spectral_weight(cin, cout, (modes, modes), dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return spectral_conv_fft(x, self.weight)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from .. import comm as C
-from ..backend import backend_name
+from ..backend import backend_name, empty_like_backend
 from ..ints import is_int
 from ..layout import Layout, normalize_split
 from ..tensor import DistTensor
@@ -26,28 +26,21 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
     if name == "torch":
         import torch
 
-        def run(a: Any) -> Any:
-            return getattr(torch.fft, kind)(a, n=n, dim=axis, norm=norm)
-
-        zeros: Any = lambda shape: torch.zeros(shape, dtype=x.dtype, device=x.device)  # noqa: E731
+        fn, where = getattr(torch.fft, kind), {"dim": axis}
     else:
         xp: Any = __import__("numpy") if name == "numpy" else __import__("cupy")
-
-        def run(a: Any) -> Any:
-            return getattr(xp.fft, kind)(a, n=n, axis=axis, norm=norm)
-
-        zeros = lambda shape: xp.zeros(shape, dtype=x.dtype)  # noqa: E731
+        fn, where = getattr(xp.fft, kind), {"axis": axis}
     if all(int(s) for s in x.shape):
-        return run(x)
-    probe = run(zeros(tuple(max(int(s), 1) for s in x.shape)))
-    return probe[tuple(slice(0, int(s)) if d != axis else slice(None) for d, s in enumerate(x.shape))]
+        return fn(x, n=n, norm=norm, **where)
+    probe = empty_like_backend(tuple(max(int(s), 1) for s in x.shape), x.dtype, x)
+    probe[...] = 0
+    out = fn(probe, n=n, norm=norm, **where)
+    return out[tuple(slice(0, int(s)) if d != axis else slice(None) for d, s in enumerate(x.shape))]
 
 
 def _layout(old: Layout, shape: tuple[int, ...], split: tuple[int | None, ...], keep: tuple[int, ...]) -> Layout:
     """``split`` on ``shape``, keeping ``old``'s cuts of the dims in ``keep`` (balanced elsewhere)."""
-    cuts = tuple(
-        old.cuts[d] if d in keep and old.cuts and old.split[d] == split[d] else None for d in range(len(shape))
-    )
+    cuts = tuple(old.cuts[d] if d in keep and old.split[d] == split[d] else None for d in range(len(shape)))
     return Layout(shape, old.grid_dims, split, cuts)
 
 

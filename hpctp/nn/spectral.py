@@ -16,7 +16,20 @@ from . import _window as W
 from .conv import _Spatial, init_replicated
 from .fourier import spectral_conv
 
-__all__ = ["SpectralConv1d", "SpectralConv2d", "SpectralConv3d"]
+__all__ = ["SpectralConv1d", "SpectralConv2d", "SpectralConv3d", "spectral_weight"]
+
+
+def spectral_weight(in_channels: int, out_channels: int, modes: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Local. A Fourier layer's initial weight ``[C_in, C_out, 2 m_1, ..., m_d, 2]``, from the global RNG.
+
+    Real and imaginary parts uniform in ``[0, 1 / (C_in C_out))`` (Li et al.), drawn on the
+    CPU so that a seed gives the same values on any device. After ``torch.manual_seed(s)``
+    this is the weight of ``SpectralConv*d(..., seed=s)``: a single-process reference built
+    with it starts from the same values.
+    """
+    ks = tuple(2 * int(m) for m in modes[:-1]) + (int(modes[-1]),)
+    w = torch.empty((in_channels, out_channels) + ks + (2,), dtype=dtype)
+    return w.uniform_(0.0, 1.0 / (in_channels * out_channels))
 
 
 class _SpectralConvNd(_Spatial, torch.nn.Module):
@@ -46,12 +59,9 @@ class _SpectralConvNd(_Spatial, torch.nn.Module):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         torch.nn.Module.__init__(self)
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        ks = tuple(2 * m for m in self.modes[:-1]) + self.modes[-1:]
-        shape = (self.in_channels, self.out_channels) + ks + (2,)
 
-        def init() -> None:  # Li et al.: uniform [0, 1/(C_in C_out)) real and imaginary parts, drawn
-            w = torch.empty(shape, dtype=dtype)  # on the CPU: the same values on any device
-            w.uniform_(0.0, 1.0 / (self.in_channels * self.out_channels))
+        def init() -> None:
+            w = spectral_weight(self.in_channels, self.out_channels, self.modes, dtype)
             self.weight = torch.nn.Parameter(w.to(device))
 
         init_replicated(self, init, grid, seed)
