@@ -136,38 +136,54 @@ class DistTensor:
         C.agree_arguments(self.grid.comm, "gather", error, root=root)
         return gather_block(self.local, self.grid, self.layout, None if root is None else int(root))
 
-    def redistribute(self, split: object) -> DistTensor:
+    def redistribute(self, split: object, grid: ProcessGrid | None = None) -> DistTensor:
         """Collective over grid. The same tensor in another layout, moved in one all-to-all.
 
         Parameters
         ----------
         split : split specification or Layout
             Target split (balanced blocks), or a full target :class:`Layout`.
+        grid : ProcessGrid, optional
+            Another grid of the same ranks (:meth:`ProcessGrid.same_ranks`: e.g. built on the
+            same communicator with another shape) to move the tensor onto; ``split`` then
+            refers to its axes. Default: this tensor's grid.
 
         Returns
         -------
         DistTensor
             A new tensor; ``self`` is unchanged. Ranks send only the elements whose owner
-            changes. When the layout is already the target, the result shares ``self``'s
-            block (no copy, as ``numpy.asarray``); call ``.copy()`` for independent memory.
+            changes. When the layout (and grid) is already the target, the result shares
+            ``self``'s block (no copy, as ``numpy.asarray``); call ``.copy()`` for
+            independent memory.
 
         Raises
         ------
         ValueError
-            If the target split is invalid or the layout is for another tensor or grid.
+            If the target split is invalid, the layout is for another tensor or grid shape,
+            or ``grid`` holds other ranks.
+        TypeError
+            If ``grid`` is not a ProcessGrid.
         """
         error: Exception | None = None
-        target = self.layout
+        target, to = self.layout, self.grid
         try:
-            target = split if isinstance(split, Layout) else self.layout.with_split(split)
-            if target.global_shape != self.global_shape or target.grid_dims != self.grid.dims:
-                raise ValueError(f"cannot redistribute {self.layout} to {target}: shape and grid must match")
+            to = self.grid if grid is None else check_grid(grid)
+            if to is not self.grid and not self.grid.same_ranks(to):
+                raise ValueError(
+                    f"rank {self.grid.rank}: grid {to.dims} does not hold the same ranks in the same order as the "
+                    f"tensor's grid {self.grid.dims}; build both grids on one communicator"
+                )
+            target = split if isinstance(split, Layout) else Layout(self.global_shape, to.dims, split)  # type: ignore[arg-type]
+            if target.global_shape != self.global_shape or target.grid_dims != to.dims:
+                raise ValueError(
+                    f"cannot redistribute {self.layout} to {target}: the shape must match and the grid dims be {to.dims}"
+                )
         except (TypeError, ValueError) as e:
             error = e
         C.agree_arguments(self.grid.comm, "redistribute", error, target=target)  # (a message plan per rank)
         if target == self.layout:
-            return self._new(self.local, target)
-        return self._new(redistribute_block(self.local, self.grid, self.layout, target), target)
+            return DistTensor(self.local, to, target)
+        return DistTensor(redistribute_block(self.local, self.grid, self.layout, target), to, target)
 
     # ------------------------------------------------------------------ reductions
     def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdims: bool) -> DistTensor:

@@ -119,6 +119,54 @@ def test_redistribute_3d(grid3d: hpctp.ProcessGrid) -> None:
 
 
 @pytest.mark.mpi
+def test_redistribute_onto_another_grid_shape(grid3d: hpctp.ProcessGrid) -> None:
+    """The same ranks on every other grid shape: skewed, replicated and empty blocks move exactly."""
+    from test_conv_common import make_layout
+
+    a = _global((5, 4, 3))
+    size = grid3d.size
+    for src in [(0, 1, 2), (None, 2, 0), (1, None, None)]:
+        lay = make_layout(grid3d, a.shape, src, skew=True)
+        x = hpctp.DistTensor(a[lay.local_slices(grid3d.coords)].copy(), grid3d, lay)
+        for dims in hpctp.testing.grid_shapes(size, 1) + hpctp.testing.grid_shapes(size, 2):
+            with hpctp.ProcessGrid(dims) as other:
+                for dst in [(0, None, None), (None, None, 0), (None, None, None)] + (
+                    [(1, 0, None)] if len(dims) > 1 else []
+                ):
+                    y = x.redistribute(dst, grid=other)
+                    ok = y.grid is other and y.split == dst
+                    assert_all(grid3d, ok, f"{src} on {grid3d.dims} -> {dst} on {dims}: grid/split {y.split}")
+                    assert_equal(grid3d, y.local, a[y.local_slices], f"{src} on {grid3d.dims} -> {dst} on {dims}")
+                    back = y.redistribute(lay, grid=grid3d)
+                    assert_equal(grid3d, back.local, x.local, f"{dst} on {dims} -> back to {lay}")
+
+
+@pytest.mark.mpi
+def test_redistribute_onto_another_grid_refuses_other_ranks(world: object) -> None:
+    from mpi4py import MPI
+
+    assert isinstance(world, MPI.Intracomm)
+    size = world.Get_size()
+    with hpctp.ProcessGrid((size,)) as grid:
+        x = hpctp.zeros((4, 3), grid, (0, None))
+        with pytest.raises(TypeError, match="grid must be a hpctp.ProcessGrid"):
+            x.redistribute((0, None), grid="world")  # type: ignore[arg-type]
+        with hpctp.ProcessGrid((1, size)) as wide:
+            with pytest.raises(ValueError, match="split=.* has 1 entries|out of range"):
+                x.redistribute((None, 2), grid=wide)
+            with pytest.raises(ValueError, match="grid dims be"):
+                x.redistribute(Layout((4, 3), (size,), (0, None)), grid=wide)
+        if size > 1:
+            reverse = world.Split(0, size - 1 - world.Get_rank())
+            try:
+                with hpctp.ProcessGrid((size,), comm=reverse) as backwards:
+                    with pytest.raises(ValueError, match="does not hold the same ranks in the same order"):
+                        x.redistribute((0, None), grid=backwards)
+            finally:
+                reverse.Free()
+
+
+@pytest.mark.mpi
 def test_redistribute_sends_only_what_changes_owner(grid2d: hpctp.ProcessGrid) -> None:
     a = _global((9, 7))
     for src, dst in [((0, 1), (1, 0)), ((0, None), (None, 1)), ((None, None), (0, 1)), ((0, 1), (None, None))]:

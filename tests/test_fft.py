@@ -38,9 +38,28 @@ def test_plan_order_constraints_and_size_one_axes() -> None:
     assert fft_plan((0, 1), (4, 5), (2, 1), (0,)) == (FFTStep(0, (None, 0)),)
 
 
-def test_plan_refuses_a_tensor_divided_everywhere() -> None:
-    with pytest.raises(ValueError, match=r"cannot transform dim 0 .* use a grid with fewer dims"):
-        fft_plan((0, 1), (4, 4), (2, 2), (0, 1))
+def test_plan_merges_grid_axes_when_every_dim_is_divided() -> None:
+    """A 2-D field on a 2x2 grid runs in slabs over all 4 ranks; a 3-D field on 2x2x2 in
+    pencils on a 4x2 grid; an unused size-1 axis between two is merged through."""
+    assert fft_plan((0, 1), (8, 8), (2, 2), (0, 1)) == (
+        FFTStep(0, (None, 0), (4,)),
+        FFTStep(1, (0, None), (4,)),
+    )
+    assert fft_plan((0, 1, 2), (8, 8, 8), (2, 2, 2), (0, 1, 2)) == (
+        FFTStep(0, (None, 0, 1), (4, 2)),
+        FFTStep(1, (0, None, 1), (4, 2)),
+        FFTStep(2, (0, 1, None), (4, 2)),
+    )
+    assert fft_plan((0, 2), (8, 8), (2, 1, 3), (1,)) == (FFTStep(1, (0, None), (6,)),)
+    assert fft_plan((2, 0), (8, 8), (3, 1, 2), (0, 1), first=1)[0] == FFTStep(1, (0, None), (6,))  # rfftn
+    # a replicated axis that is not next to the divided one stays a replica axis
+    assert fft_plan((0, 1), (8, 8), (2, 2, 3), (0,)) == (FFTStep(0, (None, 0), (4, 3)),)
+
+
+def test_plan_refuses_a_divided_1d_tensor() -> None:
+    with pytest.raises(ValueError, match=r"cannot transform dim 0 .* give the tensor another dim"):
+        fft_plan((0,), (8,), (2,), (0,))
+    assert fft_plan((0,), (8,), (1,), (0,)) == (FFTStep(0, (0,)),)  # one rank: whole
 
 
 def test_normalize_fft_axes() -> None:
@@ -65,6 +84,8 @@ CASES = [
     ((7, 6, 4), (1, None, 0), (0, -1), "forward"),
     ((5, 9), (0, None), None, "backward"),
     ((3, 4, 5), (None, 0, 1), (1,), None),
+    ((6, 7), (0, 1), None, None),  # divided along every dim: slabs over the merged grid
+    ((5, 8), (1, 0), (1, 0), "ortho"),
 ]
 
 
@@ -73,33 +94,55 @@ def _block(grid: hpctp.ProcessGrid, a: np.ndarray, split: tuple, skew: bool) -> 
     return hpctp.DistTensor(np.ascontiguousarray(a[lay.local_slices(grid.coords)]), grid, lay)
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[2]}-{c[3]}")
-@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
-def test_fftn_family_matches_numpy(grid2d: hpctp.ProcessGrid, case: tuple, skew: bool) -> None:
+def _check_family(grid: hpctp.ProcessGrid, case: tuple, skew: bool) -> None:
+    """fftn/ifftn and rfftn/irfftn of ``case`` equal numpy's on the gathered tensor and keep the layout."""
     shape, split, axes, norm = case
     a = np.random.default_rng(1).standard_normal(shape)
-    x = _block(grid2d, a, split, skew)
+    x = _block(grid, a, split, skew)
     ax = normalize_fft_axes(axes, len(shape))
     last = ax[-1]
     for name, got, want in (
         ("fftn", F.fftn(x, axes, norm), np.fft.fftn(a, axes=ax, norm=norm)),
         ("rfftn", F.rfftn(x, axes, norm), np.fft.rfftn(a, axes=ax, norm=norm)),
     ):
-        assert_all(grid2d, got.split == split, f"{name}: split {got.split}, expected the input's {split}")
+        assert_all(grid, got.split == split, f"{name}: split {got.split}, expected the input's {split}")
         if name == "fftn":
-            assert_all(grid2d, got.layout.cuts == x.layout.cuts, f"fftn cuts {got.layout.cuts} != {x.layout.cuts}")
-        assert_allclose(grid2d, got.gather(None), want, rtol=RTOL, atol=1e-12, what=name)
+            assert_all(grid, got.layout.cuts == x.layout.cuts, f"fftn cuts {got.layout.cuts} != {x.layout.cuts}")
+        assert_allclose(grid, got.gather(None), want, rtol=RTOL, atol=1e-12, what=name)
         if name == "fftn":
             back = F.ifftn(got, axes, norm)
-            assert_allclose(grid2d, back.gather(None), np.fft.ifftn(want, axes=ax, norm=norm), rtol=RTOL, atol=1e-12)
+            assert_allclose(grid, back.gather(None), np.fft.ifftn(want, axes=ax, norm=norm), rtol=RTOL, atol=1e-12)
         else:
             back = F.irfftn(got, shape[last], axes, norm)
             assert_allclose(
-                grid2d, back.gather(None), np.fft.irfftn(want, s=[shape[d] for d in ax], axes=ax, norm=norm),
+                grid, back.gather(None), np.fft.irfftn(want, s=[shape[d] for d in ax], axes=ax, norm=norm),
                 rtol=RTOL, atol=1e-12, what="irfftn",
             )  # fmt: skip
-        assert_allclose(grid2d, back.gather(None).real, a, rtol=1e-10, atol=1e-12, what=f"{name} round trip")
+        assert_allclose(grid, back.gather(None).real, a, rtol=1e-10, atol=1e-12, what=f"{name} round trip")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[2]}-{c[3]}")
+@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
+def test_fftn_family_matches_numpy(grid2d: hpctp.ProcessGrid, case: tuple, skew: bool) -> None:
+    _check_family(grid2d, case, skew)
+
+
+# tensors divided along every dim by a 3-D grid (merged grid axes), and with replica axes
+CASES_3D = [
+    ((5, 6, 7), (0, 1, 2), None, None),
+    ((6, 5, 4), (2, 0, 1), (0, 2), "ortho"),
+    ((7, 6), (0, 2), None, None),
+    ((6, 9), (2, 0), (1,), "forward"),
+    ((4, 5), (1, None), None, None),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", CASES_3D, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("skew", [False, True], ids=["balanced", "skewed"])
+def test_fftn_on_3d_grids(grid3d: hpctp.ProcessGrid, case: tuple, skew: bool) -> None:
+    _check_family(grid3d, case, skew)
 
 
 @pytest.mark.mpi
@@ -127,23 +170,31 @@ def test_torch_blocks_and_output_layouts(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_messages_are_one_alltoallv_per_move(grid2d: hpctp.ProcessGrid) -> None:
-    a = np.random.default_rng(3).standard_normal((6, 5, 7))
-    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1, None))
-    steps = fft_plan(x.split, x.global_shape, grid2d.dims, (0, 1, 2))
+    """One argument agreement, then one Alltoallv per layout change of the plan (none else)."""
+    dims = grid2d.dims
 
-    def moves(splits: list) -> int:
-        eff = [tuple(g if g is not None and grid2d.dims[g] > 1 else None for g in s) for s in splits]
+    def moves(states: list) -> int:
+        eff = [(g, tuple(a if a is not None and g[a] > 1 else None for a in s)) for g, s in states]
         return sum(p != q for p, q in zip(eff, eff[1:]))
 
-    splits = [x.split] + [s.split for s in steps]
-    for out, extra in (("any", []), ("same", [x.split])):
-        with CommCounter() as c:
-            F.fftn(x, out_split=out)
-        want = moves(splits + extra)
-        got = c.calls.get("Alltoallv", 0)
-        assert_all(grid2d, got == want, f"out_split={out}: {got} Alltoallv, expected {want} ({c.calls})")
-    if grid2d.dims == (2, 2):
-        assert_all(grid2d, moves(splits) == 2, "a pencil FFT on 2x2 moves twice")
+    for shape, split in (((6, 5, 7), (0, 1, None)), ((6, 7), (0, 1))):
+        a = np.random.default_rng(3).standard_normal(shape)
+        x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, split)
+        steps = fft_plan(x.split, x.global_shape, dims, tuple(range(len(shape))))
+        states = [(dims, x.split)] + [(s.grid_dims or dims, s.split) for s in steps]
+        merged = steps[-1].grid_dims is not None
+        for out, extra in (("any", [(dims, x.split)] if merged else []), ("same", [(dims, x.split)])):
+            with CommCounter() as c:
+                F.fftn(x, out_split=out)
+            want = moves(states + extra)
+            got = c.calls.get("Alltoallv", 0)
+            assert_all(grid2d, got == want, f"{shape} out_split={out}: {got} Alltoallv, expected {want} ({c.calls})")
+            others = {k: v for k, v in c.calls.items() if k != "Alltoallv"}
+            ok = set(others) <= {"Allgather"} and others.get("Allgather", 0) <= 1  # (none on 1 rank)
+            assert_all(grid2d, ok, f"{shape}: one argument agreement only, got {others}")
+        if dims == (2, 2):  # pencils move twice; slabs on the merged grid (the tensor returns) three times
+            n = moves(states) if len(shape) == 3 else moves(states + [(dims, x.split)])
+            assert_all(grid2d, n == (2 if len(shape) == 3 else 3), f"{shape} on 2x2: {n} moves")
 
 
 @pytest.mark.mpi
@@ -163,12 +214,12 @@ def test_bad_arguments_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
             F.fftn(x, axes=(grid2d.rank % 2,))
     with pytest.raises(TypeError, match="needs a hpctp.DistTensor"):
         F.fftn(a)  # type: ignore[arg-type]
-    full = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1))
-    if all(d > 1 for d in grid2d.dims):
-        with pytest.raises(ValueError, match="use a grid with fewer dims"):
-            F.fftn(full)
+    vec = hpctp.distribute(a[0] if grid2d.rank == 0 else None, grid2d, (1,))
+    if grid2d.dims[1] > 1:
+        with pytest.raises(ValueError, match="give the tensor another dim"):
+            F.fftn(vec)
     else:  # a size-1 grid axis divides nothing
-        assert_allclose(grid2d, F.fftn(full).gather(None), np.fft.fftn(a), rtol=RTOL, atol=1e-12)
+        assert_allclose(grid2d, F.fftn(vec).gather(None), np.fft.fft(a[0]), rtol=RTOL, atol=1e-12)
     empty = hpctp.distribute(np.zeros((0, 3)) if grid2d.rank == 0 else None, grid2d, (0, None))
     with pytest.raises(ValueError, match="cannot transform an empty dim"):
         F.fftn(empty)

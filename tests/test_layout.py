@@ -81,29 +81,60 @@ def test_layout_slices_tile_the_global_shape(layout: Layout) -> None:
         assert sum(layout.is_primary(c) for c in members) == 1
 
 
-@settings(max_examples=150, deadline=None)
-@given(data=st.data())
-def test_redistribution_plan_is_exact(data: st.DataObject) -> None:
-    src = data.draw(layouts())
-    axes = data.draw(st.permutations(list(range(len(src.grid_dims))) + [None] * src.ndim))
-    dst = src.with_split(tuple(axes[: src.ndim]))
+def _check_plans(src: Layout, dst: Layout) -> None:
+    """Every rank's plan from ``src`` to ``dst``: messages pair up, each destination element
+    arrives once, and only elements a rank does not hold already are received."""
     plans = [redistribution_plan(src, dst, r) for r in range(src.nranks)]
     sent = {(r, p.peer): p.box for r, pl in enumerate(plans) for p in pl.sends}
     recv = {(p.peer, r): p.box for r, pl in enumerate(plans) for p in pl.recvs}
     assert sent == recv  # every message has a matching receive with the same box
     for r, plan in enumerate(plans):
-        me = grid_coords(r, src.grid_dims)
-        cover = np.zeros(dst.local_shape(me), dtype=int)
-        for _, dst_sl in plan.local:
+        me_src, me_dst = grid_coords(r, src.grid_dims), grid_coords(r, dst.grid_dims)
+        cover = np.zeros(dst.local_shape(me_dst), dtype=int)
+        for src_sl, dst_sl in plan.local:
             cover[dst_sl] += 1
+            # a local copy moves the same global elements
+            box = tuple(slice(a.start + o.start, a.stop + o.start) for a, o in zip(src_sl, src.local_slices(me_src)))
+            assert box == tuple(
+                slice(a.start + o.start, a.stop + o.start) for a, o in zip(dst_sl, dst.local_slices(me_dst))
+            )
         for p in plan.recvs:
             cover[p.slices] += 1
         assert np.all(cover == 1)  # every destination element arrives exactly once
-        # only elements this rank does not already hold are received
         mine = np.zeros(src.global_shape, dtype=bool)
-        mine[src.local_slices(me)] = True
-        needed = int((~mine[dst.local_slices(me)]).sum())
+        mine[src.local_slices(me_src)] = True
+        needed = int((~mine[dst.local_slices(me_dst)]).sum())
         assert plan.recv_elements == needed
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_redistribution_plan_is_exact(data: st.DataObject) -> None:
+    src = data.draw(layouts())
+    axes = data.draw(st.permutations(list(range(len(src.grid_dims))) + [None] * src.ndim))
+    _check_plans(src, src.with_split(tuple(axes[: src.ndim])))
+
+
+@st.composite
+def factorizations(draw: st.DrawFn, n: int) -> tuple[int, ...]:
+    """A grid shape of ``n`` ranks with 1-3 axes."""
+    out: list[int] = []
+    for _ in range(draw(st.integers(0, 2))):
+        out.append(draw(st.sampled_from([f for f in range(1, n + 1) if n % f == 0])))
+        n //= out[-1]
+    return (*out, n)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_redistribution_plan_between_grid_shapes(data: st.DataObject) -> None:
+    """The same ranks on another grid shape (e.g. two axes merged): plans stay exact."""
+    src = data.draw(layouts())
+    gdims = data.draw(factorizations(src.nranks))
+    axes = data.draw(st.permutations(list(range(len(gdims))) + [None] * src.ndim))
+    _check_plans(src, Layout(src.global_shape, gdims, tuple(axes[: src.ndim])))
+    with pytest.raises(ValueError, match="numbers of ranks must match"):
+        redistribution_plan(src, Layout(src.global_shape, (src.nranks + 1,), (None,) * src.ndim), 0)
 
 
 def test_layout_validation_messages() -> None:

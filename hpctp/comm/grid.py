@@ -179,6 +179,14 @@ class ProcessGrid:
             raise ValueError(f"coords {tuple(coords)} are not on a grid of dims {self.dims}")
         return int(self.comm.Get_cart_rank(list(coords)))
 
+    def same_ranks(self, other: ProcessGrid) -> bool:
+        """Local. True if ``other`` holds the same processes with the same ranks as this grid
+        (``MPI.Comm.Compare`` is identical or congruent), whatever the two grids' shapes: a
+        tensor can then move from one to the other (:meth:`hpctp.DistTensor.redistribute`)."""
+        if self.comm == MPI.COMM_NULL or other.comm == MPI.COMM_NULL:
+            return False
+        return MPI.Comm.Compare(self.comm, other.comm) in (MPI.IDENT, MPI.CONGRUENT)
+
     def _check_axis(self, axis: int) -> None:
         if not is_int(axis) or not 0 <= axis < self.ndim:
             raise ValueError(f"axis={axis!r} is not an axis of a {self.ndim}-D grid (0..{self.ndim - 1})")

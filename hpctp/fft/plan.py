@@ -7,11 +7,18 @@ order of the transforms (undivided dims first: they cost nothing) and, for each 
 dim that takes the grid axis: one already transformed, else one that is not transformed
 at all (batch, channels), else one still to be transformed; the largest of them, so
 blocks stay balanced.
+
+When every dim is divided (a 2-D field on a 2-D grid, a 3-D field on a 3-D grid), no dim
+can take the grid axis. The plan then merges it with a neighbouring grid axis, which keeps
+the ranks' row-major order: on the merged grid one dim is divided over both axes' ranks
+(slabs) and the other becomes whole. The steps from there run on that grid shape
+(:attr:`FFTStep.grid_dims`); the tensor moves back to the caller's grid at the end.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,10 +31,15 @@ __all__ = ["FFTStep", "fft_plan", "normalize_fft_axes"]
 
 @dataclass(frozen=True)
 class FFTStep:
-    """Local. One 1-D transform along ``axis``, run with the tensor split as ``split``."""
+    """Local. One 1-D transform along ``axis``, run with the tensor split as ``split``.
+
+    ``grid_dims`` is None when the step runs on the tensor's own grid, else the shape of the
+    merged grid (same ranks, row-major) that ``split`` refers to.
+    """
 
     axis: int
     split: tuple[int | None, ...]
+    grid_dims: tuple[int, ...] | None = None
 
 
 def normalize_fft_axes(axes: object, ndim: int) -> tuple[int, ...]:
@@ -84,8 +96,8 @@ def fft_plan(
     Raises
     ------
     ValueError
-        If a divided dim must be transformed but every other dim is divided too (no dim can
-        take its grid axis): use a grid with fewer dims than the tensor, or add a dim.
+        If a 1-D tensor divided by the grid must be transformed (no other dim can take the
+        grid axis, even on a merged grid).
     """
     return _plan(tuple(split), tuple(shape), tuple(grid_dims), tuple(axes), first, last)
 
@@ -100,29 +112,51 @@ def _plan(
     last: int | None,
 ) -> tuple[FFTStep, ...]:
     cur = list(split)
+    grid = list(grid_dims)
     done: set[int] = set()
     todo = [a for a in axes if a not in (first, last)]
     steps: list[FFTStep] = []
 
     def whole(a: int) -> bool:
         g = cur[a]
-        return g is None or grid_dims[g] == 1
+        return g is None or grid[g] == 1
+
+    def rank(d: int) -> tuple[int, int, int]:  # which dim best takes a grid axis: smallest first
+        pending = set(todo) | {x for x in (first, last) if x is not None and x not in done}
+        return (0 if d in done else 2 if d in pending else 1, -shape[d], d)
+
+    def merge(a: int) -> None:
+        """Merge dim ``a``'s grid axis with a neighbour, handing the merged one to the
+        neighbour's dim if it has one (then ``a`` is whole), else keeping it on ``a``."""
+        g = cast(int, cur[a])
+        near = [h for h in (g - 1, g + 1) if 0 <= h < len(grid)]
+        if not near:
+            raise ValueError(
+                f"cannot transform dim {a} of a tensor of shape {tuple(shape)} split {tuple(split)} over a grid "
+                f"of {math.prod(grid_dims)} ranks: no other dim can take its grid axis; give the tensor another "
+                f"dim (batch, channels) or make dim {a} whole first (redistribute with split None there)"
+            )
+        owner = {cur[d]: d for d in range(len(cur)) if d != a and cur[d] is not None}
+        h = min(near, key=lambda h: rank(owner[h]) if h in owner else (3, 0, h))
+        lo = min(g, h)
+        grid[lo : lo + 2] = [grid[lo] * grid[lo + 1]]
+        for d, x in enumerate(cur):
+            if x is not None:
+                cur[d] = x if x < lo else lo if x <= lo + 1 else x - 1
+        if h in owner:
+            cur[a] = None
 
     def run(a: int) -> None:
-        g = cur[a]
-        if not whole(a):
+        while not whole(a):
+            g = cur[a]
             free = [d for d in range(len(cur)) if d != a and whole(d)]  # (a size-1 grid axis there is dropped)
-            if not free:
-                raise ValueError(
-                    f"cannot transform dim {a} of a tensor of shape {tuple(shape)} split {tuple(split)}: every "
-                    f"other dim is divided by the grid too, so no dim can take grid axis {g} while dim {a} is "
-                    f"whole; use a grid with fewer dims than the tensor (e.g. a 2-D grid for a 3-D field) or "
-                    f"add a dim (batch, channels)"
-                )
-            pending = set(todo) | {x for x in (first, last) if x is not None and x not in done}
-            b = min(free, key=lambda d: (0 if d in done else 2 if d in pending else 1, -shape[d], d))
-            cur[a], cur[b] = None, g
-        steps.append(FFTStep(a, tuple(cur)))
+            if free:
+                b = min(free, key=rank)
+                cur[a], cur[b] = None, g
+            else:
+                merge(a)
+        merged = tuple(grid) if tuple(grid) != grid_dims else None
+        steps.append(FFTStep(a, tuple(cur), merged))
         done.add(a)
 
     if first is not None:

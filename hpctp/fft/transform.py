@@ -8,6 +8,7 @@ from .. import comm as C
 from ..backend import backend_name, empty_like_backend
 from ..ints import is_int
 from ..layout import Layout, normalize_split
+from ..ops.transfer import redistribute_block
 from ..tensor import DistTensor
 from .plan import fft_plan, normalize_fft_axes
 
@@ -38,10 +39,19 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
     return out[tuple(slice(0, int(s)) if d != axis else slice(None) for d, s in enumerate(x.shape))]
 
 
-def _layout(old: Layout, shape: tuple[int, ...], split: tuple[int | None, ...], keep: tuple[int, ...]) -> Layout:
-    """``split`` on ``shape``, keeping ``old``'s cuts of the dims in ``keep`` (balanced elsewhere)."""
-    cuts = tuple(old.cuts[d] if d in keep and old.split[d] == split[d] else None for d in range(len(shape)))
-    return Layout(shape, old.grid_dims, split, cuts)
+def _layout(
+    old: Layout,
+    shape: tuple[int, ...],
+    split: tuple[int | None, ...],
+    keep: tuple[int, ...],
+    grid_dims: tuple[int, ...] | None = None,
+) -> Layout:
+    """``split`` on ``shape`` over ``grid_dims`` (default ``old``'s grid), keeping ``old``'s
+    cuts of the dims in ``keep`` where the grid is the same (balanced elsewhere)."""
+    dims = old.grid_dims if grid_dims is None else grid_dims
+    same = dims == old.grid_dims
+    cuts = tuple(old.cuts[d] if same and d in keep and old.split[d] == split[d] else None for d in range(len(shape)))
+    return Layout(shape, dims, split, cuts)
 
 
 def _run(
@@ -78,7 +88,7 @@ def _run(
         if isinstance(out_split, str) and out_split == "same":
             out = x.split
         elif isinstance(out_split, str) and out_split == "any":
-            out = steps[-1].split
+            out = steps[-1].split if steps[-1].grid_dims is None else x.split  # (a merged grid's: not ours)
         else:
             out = normalize_split(out_split, x.ndim, x.grid.ndim)
         keep = tuple(d for d in range(x.ndim) if half is None or d != ax[-1])
@@ -90,17 +100,21 @@ def _run(
     C.agree_arguments(x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last)
     grid, out_layout = x.grid, cast(Layout, target)  # (set: no rank failed the checks)
     base = "ifft" if half == "irfft" or what == "ifftn" else "fft"
-    y = x
+    block, lay = x.local, x.layout
     for i, step in enumerate(steps):
-        y = y.redistribute(_layout(y.layout, y.global_shape, step.split, tuple(range(y.ndim))))
+        want = _layout(lay, lay.global_shape, step.split, tuple(range(x.ndim)), step.grid_dims or grid.dims)
+        if want != lay:
+            block, lay = redistribute_block(block, grid, lay, want), want
         kind, n = base, None
         if (half == "rfft" and i == 0) or (half == "irfft" and i == len(steps) - 1):
             kind, n = half, n_last
-        block = _local(y.local, kind, step.axis, n, norm)
-        new_shape = list(y.global_shape)
+        block = _local(block, kind, step.axis, n, norm)
+        new_shape = list(lay.global_shape)
         new_shape[step.axis] = int(block.shape[step.axis])
-        y = DistTensor(block, grid, _layout(y.layout, tuple(new_shape), step.split, tuple(range(y.ndim))))
-    return y.redistribute(out_layout)
+        lay = _layout(lay, tuple(new_shape), step.split, tuple(range(x.ndim)))
+    if out_layout != lay:
+        block = redistribute_block(block, grid, lay, out_layout)
+    return DistTensor(block, grid, out_layout)
 
 
 def fftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split: object = "same") -> DistTensor:
@@ -108,7 +122,9 @@ def fftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split:
 
     Each 1-D transform runs on whole pencils: a dim divided by the grid first hands its grid
     axis to another dim (one ``Alltoallv``; see :func:`hpctp.fft.fft_plan`), then every rank
-    transforms its block with its own backend (numpy, torch or cupy FFT). Not differentiable.
+    transforms its block with its own backend (numpy, torch or cupy FFT). A tensor divided
+    along every dim (a 2-D field on a 2-D grid) is transformed in slabs or pencils over
+    merged grid axes and moved back. Not differentiable.
 
     Parameters
     ----------
@@ -119,7 +135,8 @@ def fftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split:
         As numpy.
     out_split : "same", "any" or split specification
         Layout of the result: the input's (default), whatever the last transform left
-        (saves the final redistribution: the transposed output of pencil FFTs), or a split.
+        (saves the final redistribution: the transposed output of pencil FFTs; the input's
+        when that was on a merged grid), or a split.
 
     Returns
     -------
@@ -130,8 +147,8 @@ def fftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split:
     Raises
     ------
     ValueError
-        On every rank: bad axes or norm, an empty dim to transform, or a divided dim that no
-        other (undivided) dim can relieve.
+        On every rank: bad axes or norm, an empty dim to transform, or a 1-D tensor divided
+        by the grid.
     TypeError
         If ``x`` is not a DistTensor.
     """

@@ -71,9 +71,10 @@ class RedistributionPlan:
         return sum(p.size for p in self.recvs)
 
 
-def _sources(src: Layout, dst: Layout, receiver: tuple[int, ...]) -> list[tuple[tuple[int, ...], Ranges]]:
-    """Sender coords and boxes that together cover the receiver's destination block."""
-    want = dst.local_ranges(receiver)
+def _sources(src: Layout, dst: Layout, rank: int) -> list[tuple[tuple[int, ...], Ranges]]:
+    """Sender coords (on ``src``'s grid) and boxes that together cover ``rank``'s destination block."""
+    want = dst.local_ranges(grid_coords(rank, dst.grid_dims))
+    receiver = grid_coords(rank, src.grid_dims)
     if any(lo >= hi for lo, hi in want):
         return []
     per_dim: list[list[int]] = []
@@ -101,7 +102,9 @@ def redistribution_plan(src: Layout, dst: Layout, rank: int) -> RedistributionPl
     Parameters
     ----------
     src, dst : Layout
-        Layouts of the same global shape on the same grid shape.
+        Layouts of the same global shape on grids of the same number of ranks. The grid
+        shapes may differ (the same ranks in row-major order, e.g. two grid axes merged into
+        one): a rank's coordinates on each grid follow from its rank.
     rank : int
         The row-major grid rank of the calling process.
 
@@ -112,16 +115,18 @@ def redistribution_plan(src: Layout, dst: Layout, rank: int) -> RedistributionPl
     Raises
     ------
     ValueError
-        If the layouts describe different tensors or grids.
+        If the layouts describe different tensors or grids of different sizes.
     """
-    if src.global_shape != dst.global_shape or src.grid_dims != dst.grid_dims:
-        raise ValueError(f"cannot redistribute between {src} and {dst}: global shape and grid must match")
+    if src.global_shape != dst.global_shape or src.nranks != dst.nranks:
+        raise ValueError(
+            f"cannot redistribute between {src} and {dst}: the global shapes and the numbers of ranks must match"
+        )
     me = grid_coords(rank, src.grid_dims)
     my_src = src.local_ranges(me)
-    my_dst = dst.local_ranges(me)
+    my_dst = dst.local_ranges(grid_coords(rank, dst.grid_dims))
     recvs: list[Piece] = []
     local = []
-    for sender, box in _sources(src, dst, me):
+    for sender, box in _sources(src, dst, rank):
         if sender == me:
             local.append((_relative(box, my_src), _relative(box, my_dst)))
         else:
@@ -134,7 +139,7 @@ def redistribution_plan(src: Layout, dst: Layout, rank: int) -> RedistributionPl
         them = grid_coords(r, src.grid_dims)
         if any(them[g] != me[g] for g in rep):
             continue  # a replica with the receiver's own coordinates serves it
-        common = intersect(my_src, dst.local_ranges(them))
+        common = intersect(my_src, dst.local_ranges(grid_coords(r, dst.grid_dims)))
         if common is not None:
             sends.append(Piece(r, common, _relative(common, my_src)))
     return RedistributionPlan(src, dst, rank, tuple(sends), tuple(recvs), tuple(local))

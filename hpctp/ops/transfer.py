@@ -22,6 +22,7 @@ def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout
 
     Each rank sends only the boxes the receivers do not already hold (see
     :func:`hpctp.layout.redistribution_plan`); local overlap is copied without MPI.
+    ``dst`` may be on another grid shape of ``grid``'s ranks (row-major rank order).
 
     Returns
     -------
@@ -29,7 +30,7 @@ def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout
         The new local block, same backend, device and dtype as ``local``.
     """
     plan = redistribution_plan(src, dst, grid.rank)
-    out = empty_like_backend(dst.local_shape(grid.coords), local.dtype, local)
+    out = empty_like_backend(dst.local_shape(grid_coords(grid.rank, dst.grid_dims)), local.dtype, local)
     item = itemsize(local)
     sendcounts = [0] * grid.size
     for p in plan.sends:
