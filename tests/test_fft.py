@@ -168,6 +168,68 @@ def test_torch_blocks_and_output_layouts(grid2d: hpctp.ProcessGrid) -> None:
     assert_allclose(grid2d, r.gather(None), a.float(), rtol=1e-5, atol=1e-5, what="float32 round trip")
 
 
+def _grad_check(grid: hpctp.ProcessGrid, shape: tuple, split: tuple, axes: tuple | None, out: object) -> None:
+    """Gradients through every transform equal torch.fft's on the gathered tensor."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(*shape, dtype=torch.float64, generator=gen)
+    lay = make_layout(grid, shape, split, skew=True)
+    ax = normalize_fft_axes(axes, len(shape))
+    n_last = shape[ax[-1]]
+    cases = (
+        ("fftn", lambda t: F.fftn(t, axes, out_split=out), lambda t: torch.fft.fftn(t, dim=ax)),
+        ("rfftn", lambda t: F.rfftn(t, axes, out_split=out), lambda t: torch.fft.rfftn(t, dim=ax)),
+        (
+            "irfftn(rfftn)",
+            lambda t: F.irfftn(F.rfftn(t, axes, "ortho"), n_last, axes, "ortho", out_split=out),
+            lambda t: torch.fft.irfftn(
+                torch.fft.rfftn(t, dim=ax, norm="ortho"), s=[shape[d] for d in ax], dim=ax, norm="ortho"
+            ),
+        ),  # fmt: skip
+        (
+            "ifftn(fftn * w)",
+            lambda t: F.ifftn(F.fftn(t, axes) * 0.5j, axes, "forward", out_split=out),
+            lambda t: torch.fft.ifftn(torch.fft.fftn(t, dim=ax) * 0.5j, dim=ax, norm="forward"),
+        ),
+    )
+    for name, dist, ref in cases:
+        leaf = a.clone().requires_grad_(True)
+        want_y = ref(leaf)
+        w = torch.randn(*want_y.shape, dtype=torch.complex128, generator=gen)
+        (want_y * w.conj()).real.sum().backward()
+        block = a[lay.local_slices(grid.coords)].clone().requires_grad_(True)
+        y = dist(hpctp.DistTensor(block, grid, lay))
+        ok = y.local.requires_grad
+        assert_all(grid, ok, f"{name}: the result is not in the autograd graph")
+        (y.local * w[y.local_slices].conj()).real.sum().backward()
+        assert_allclose(grid, y.gather(None).detach(), want_y.detach(), rtol=RTOL, atol=1e-12, what=f"{name} value")
+        got = hpctp.DistTensor(block.grad, grid, lay).gather(None)
+        assert_allclose(grid, got, leaf.grad, rtol=RTOL, atol=1e-12, what=f"{name} gradient, {shape} split {split}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("out", ["same", "any"])
+def test_gradients_match_torch_fft(grid2d: hpctp.ProcessGrid, out: str) -> None:
+    _grad_check(grid2d, (6, 5, 7), (0, 1, None), None, out)  # pencils
+    _grad_check(grid2d, (2, 9, 8), (None, 0, 1), (1, 2), out)  # channels take the grid axes; empty blocks
+    _grad_check(grid2d, (7, 6), (1, 0), None, out)  # divided along every dim: merged grid
+
+
+@pytest.mark.mpi
+def test_gradients_need_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    """A block that requires grad on some ranks only is refused on every rank (a backward
+    there would wait forever); under no_grad nothing is recorded."""
+    a = torch.randn(4, 6, dtype=torch.float64)
+    x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, None))
+    if grid2d.size > 1:
+        x.local.requires_grad_(grid2d.rank == 0)
+        with pytest.raises(ValueError, match="ranks passed different requires_grad"):
+            F.fftn(x)
+    x.local.requires_grad_(True)
+    with torch.no_grad():
+        y = F.fftn(x)
+    assert_all(grid2d, not y.local.requires_grad, "no graph under torch.no_grad")
+
+
 @pytest.mark.mpi
 def test_messages_are_one_alltoallv_per_move(grid2d: hpctp.ProcessGrid) -> None:
     """One argument agreement, then one Alltoallv per layout change of the plan (none else)."""

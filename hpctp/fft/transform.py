@@ -1,4 +1,9 @@
-"""Distributed n-D FFTs of DistTensors: pencil redistributions around local 1-D transforms."""
+"""Distributed n-D FFTs of DistTensors: pencil redistributions around local 1-D transforms.
+
+Torch blocks that require grad stay in the autograd graph: each move is the differentiable
+:class:`hpctp.nn.autograd_comm.Redistribute` (backward: the move back) and each 1-D transform
+torch's own, so ``backward`` through an FFT is collective over the grid like the layers'.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +41,28 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
     probe = empty_like_backend(tuple(max(int(s), 1) for s in x.shape), x.dtype, x)
     probe[...] = 0
     out = fn(probe, n=n, norm=norm, **where)
-    return out[tuple(slice(0, int(s)) if d != axis else slice(None) for d, s in enumerate(x.shape))]
+    out = out[tuple(slice(0, int(s)) if d != axis else slice(None) for d, s in enumerate(x.shape))]
+    if name == "torch" and x.requires_grad:  # keep the (empty) block in the graph: its backward is collective
+        out = out + x.abs().sum() * 0  # (a real zero: an irfft's output stays real)
+    return out
+
+
+def _needs_grad(block: Any) -> bool:
+    """True for a torch block that autograd records an FFT of."""
+    if backend_name(block) != "torch":
+        return False
+    import torch
+
+    return bool(block.requires_grad and torch.is_grad_enabled())
+
+
+def _move(block: Any, grid: Any, src: Layout, dst: Layout, grad: bool) -> Any:
+    """``block`` from ``src`` to ``dst`` (one Alltoallv); differentiable when ``grad``."""
+    if not grad:
+        return redistribute_block(block, grid, src, dst)
+    from ..nn.autograd_comm import Redistribute  # (torch is loaded: the block is a torch tensor)
+
+    return Redistribute.apply(block.contiguous(), grid, src, dst)
 
 
 def _layout(
@@ -97,14 +123,17 @@ def _run(
         error = e
     if not isinstance(x, DistTensor):  # no communicator to tell the other ranks
         raise error if error is not None else TypeError(f"{what} needs a hpctp.DistTensor")
-    C.agree_arguments(x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last)
+    grad = isinstance(x, DistTensor) and _needs_grad(x.local)
+    C.agree_arguments(
+        x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last, requires_grad=grad
+    )  # (a backward on some ranks only would wait forever in its moves)
     grid, out_layout = x.grid, cast(Layout, target)  # (set: no rank failed the checks)
     base = "ifft" if half == "irfft" or what == "ifftn" else "fft"
     block, lay = x.local, x.layout
     for i, step in enumerate(steps):
         want = _layout(lay, lay.global_shape, step.split, tuple(range(x.ndim)), step.grid_dims or grid.dims)
         if want != lay:
-            block, lay = redistribute_block(block, grid, lay, want), want
+            block, lay = _move(block, grid, lay, want, grad), want
         kind, n = base, None
         if (half == "rfft" and i == 0) or (half == "irfft" and i == len(steps) - 1):
             kind, n = half, n_last
@@ -113,7 +142,7 @@ def _run(
         new_shape[step.axis] = int(block.shape[step.axis])
         lay = _layout(lay, tuple(new_shape), step.split, tuple(range(x.ndim)))
     if out_layout != lay:
-        block = redistribute_block(block, grid, lay, out_layout)
+        block = _move(block, grid, lay, out_layout, grad)
     return DistTensor(block, grid, out_layout)
 
 
@@ -124,7 +153,8 @@ def fftn(x: DistTensor, axes: object = None, norm: str | None = None, out_split:
     axis to another dim (one ``Alltoallv``; see :func:`hpctp.fft.fft_plan`), then every rank
     transforms its block with its own backend (numpy, torch or cupy FFT). A tensor divided
     along every dim (a 2-D field on a 2-D grid) is transformed in slabs or pencils over
-    merged grid axes and moved back. Not differentiable.
+    merged grid axes and moved back. Differentiable for torch blocks that require grad
+    (the backward is collective over grid).
 
     Parameters
     ----------
