@@ -46,7 +46,7 @@ from . import comm as C
 from .backend import to_numpy
 from .comm import ProcessGrid
 from .factories import from_local
-from .ints import is_int
+from .ints import as_int, is_int
 from .tensor import DistTensor
 
 __all__ = ["DemoModel", "Model", "demo_model", "finalize", "grid_info", "infer", "init", "load"]
@@ -297,12 +297,7 @@ def _clear_frames(error: BaseException) -> None:
 
 def _ints(values: Sequence[object], what: str) -> list[int]:
     """Local. ``values`` as Python ints; floats, bools and strings are refused, not truncated."""
-    out = []
-    for i, v in enumerate(values):
-        if not is_int(v):
-            raise TypeError(f"{what}[{i}]={v!r} must be an int")
-        out.append(int(v))
-    return out
+    return [as_int(v, f"{what}[{i}]") for i, v in enumerate(values)]
 
 
 def _normalize_split_arg(split: Sequence[int | None] | None, ndim: int, grid_ndim: int) -> list[int | None]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,7 +11,7 @@ from .backend import BACKENDS, Array, backend_name, check_array, empty_like_back
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
 from .ints import is_int
-from .layout import Layout, grid_coords, normalize_split
+from .layout import Layout, normalize_split, tiled_layout
 from .ops.transfer import scatter_block
 from .tensor import DistTensor
 
@@ -147,41 +146,13 @@ def _infer_layout(
             f"from_local: blocks are on different backends ({found}); convert them to one "
             f"(e.g. torch.from_numpy(block) or block.cpu()) so every rank runs the same code"
         )
-    sp = normalize_split(split, ndim, len(grid_dims))
-    shapes = {r: tuple(int(s) for s in table[r, 3 : 3 + ndim]) for r in range(table.shape[0])}
-    cuts: list[tuple[int, ...] | None] = []
-    shape: list[int] = []
-    for d in range(ndim):
-        g = sp[d]
-        if g is None:
-            sizes = {s[d] for s in shapes.values()}
-            if len(sizes) != 1:
-                raise ValueError(
-                    f"from_local: dim {d} is not split (split[{d}]=None) but its size differs "
-                    f"between ranks: {sorted(sizes)}"
-                )
-            n = sizes.pop()
-            shape.append(n)
-            cuts.append(None)
-            continue
-        per_coord: list[set[int]] = [set() for _ in range(grid_dims[g])]
-        for r, s in shapes.items():
-            per_coord[grid_coords(r, grid_dims)[g]].add(s[d])
-        for c, sizes in enumerate(per_coord):
-            if len(sizes) != 1:
-                raise ValueError(
-                    f"from_local: blocks do not tile: dim {d} is split over grid axis {g}, but ranks "
-                    f"at coordinate {c} of that axis have different sizes {sorted(sizes)} in dim {d}"
-                )
-        sizes_d = [next(iter(s)) for s in per_coord]
-        dim_cuts = tuple(itertools.accumulate(sizes_d, initial=0))
-        cuts.append(dim_cuts)
-        shape.append(dim_cuts[-1])
+    layout = tiled_layout([row[3 : 3 + ndim] for row in table.tolist()], grid_dims, split, "from_local: ")
+    shape = layout.global_shape
     if global_shape is not None and tuple(int(n) for n in global_shape) != tuple(shape):
         raise ValueError(
-            f"from_local: blocks tile a global shape {tuple(shape)} but global_shape={tuple(global_shape)} was given"
+            f"from_local: blocks tile a global shape {shape} but global_shape={tuple(global_shape)} was given"
         )
-    return Layout(tuple(shape), grid_dims, sp, tuple(cuts))
+    return layout
 
 
 def empty(

@@ -11,7 +11,9 @@ import torch
 from test_conv_common import global_field, make_layout, skewed_cuts
 
 import hpctp
+from hpctp.comm import CommCounter
 from hpctp.halo import HaloExchange, dim_segments, fetch_plan, halo_wants, source_index
+from hpctp.halo.infer import infer_layout
 from hpctp.layout import Layout, grid_coords
 from hpctp.nn.functional import halo_pad
 from hpctp.testing import assert_all, assert_allclose, assert_equal
@@ -257,6 +259,14 @@ def test_bad_arguments_raise_everywhere(grid2d: hpctp.ProcessGrid) -> None:
             halo_pad(torch.zeros(2 + grid2d.rank, 3), grid2d, (0, 1), 1)
     with pytest.raises(ValueError, match="entries"):
         halo_pad(x, grid2d, (0,), 1)
+    # a caller's failed local check travels in the inference's one message: raised on every rank
+    last = grid2d.rank == grid2d.size - 1
+    with pytest.raises(ValueError, match=rf"rank {grid2d.size - 1}: bad block"):
+        infer_layout((2, 3), grid2d, (0, 1), ValueError(f"rank {grid2d.rank}: bad block") if last else None)
+    with CommCounter() as c:
+        lay = infer_layout((2, 3), grid2d, (0, 1), None)
+    assert_all(grid2d, lay.global_shape == (2 * grid2d.dims[0], 3 * grid2d.dims[1]), f"inferred {lay}")
+    assert_all(grid2d, c.calls.get("Allgather", 0) == (grid2d.size > 1) and len(c.calls) <= 1, f"{c.calls}")
     assert_equal(grid2d, math.prod(halo_pad(torch.zeros(2, 3), grid2d, (0, 1), 1).shape), 4 * 5)
 
 

@@ -18,6 +18,7 @@ from hpctp.layout import (
     grid_rank,
     owner_of,
     redistribution_plan,
+    tiled_layout,
 )
 
 
@@ -174,3 +175,24 @@ def test_custom_cuts_and_balanced_normalisation() -> None:
 def test_grid_coords_inverse(dims: list[int], data: st.DataObject) -> None:
     r = data.draw(st.integers(0, math.prod(dims) - 1))
     assert grid_rank(grid_coords(r, dims), dims) == r
+
+
+def test_tiled_layout_of_uneven_blocks() -> None:
+    """Blocks a caller holds (rank order, row-major on a 2x3 grid) imply the cuts."""
+    rows, cols = (3, 1), (2, 0, 4)
+    shapes = [(r, 5, c) for r in rows for c in cols]
+    lay = tiled_layout(shapes, (2, 3), (0, None, 1))
+    assert lay.global_shape == (4, 5, 6)
+    assert lay.dim_cuts == ((0, 3, 4), (0, 5), (0, 2, 2, 6))
+    for rank, shape in enumerate(shapes):
+        assert lay.local_shape(grid_coords(rank, (2, 3))) == shape
+    assert tiled_layout([(), ()], (2,), None) == Layout((), (2,), ())  # 0-d blocks
+    bad = list(shapes)
+    bad[4] = (1, 5, 3)  # rank 4 (coords (1, 1)) disagrees with rank 1 on dim 2
+    with pytest.raises(ValueError, match=r"^from_local: blocks do not tile: dim 2 .* coordinate 1 .* \[0, 3\]"):
+        tiled_layout(bad, (2, 3), (0, None, 1), "from_local: ")
+    bad[4] = (1, 6, 0)
+    with pytest.raises(ValueError, match=r"dim 1 is not split but its local size differs between ranks: \[5, 6\]"):
+        tiled_layout(bad, (2, 3), (0, None, 1))
+    with pytest.raises(ValueError, match="out of range"):
+        tiled_layout(shapes, (2, 3), (0, None, 2))

@@ -10,13 +10,10 @@ from mpi4py import MPI
 
 from ..ints import is_int
 from ..layout import grid_coords
-from .collectives import allgather_ints, raise_if_any
+from .agree import agree_arguments
 from .env import environment_error
 
 __all__ = ["ProcessGrid", "check_grid"]
-
-
-_MAX_AXES = 16  # dims and periods of every rank travel in one fixed-size row
 
 
 def _agreed_shape(
@@ -32,23 +29,10 @@ def _agreed_shape(
         per = tuple(bool(p) for p in ([False] * len(shape) if periods is None else periods))
         if len(per) != len(shape):
             raise ValueError(f"periods has {len(per)} entries but the grid has {len(shape)} axes")
-        if len(shape) > _MAX_AXES:
-            raise ValueError(f"a grid has at most {_MAX_AXES} axes, got dims {shape}")
         error = environment_error()  # a bad HPCTP_* setting surfaces here, on every rank
     except (TypeError, ValueError) as e:
         error = e
-    raise_if_any(comm, error)
-    if comm.Get_size() > 1:
-        row = [len(shape), *shape, *per] + [0] * (2 * (_MAX_AXES - len(shape)))
-        table = allgather_ints(comm, row)
-        if (table != table[0]).any():
-            seen = sorted(
-                {tuple(r[1 : 1 + r[0]]) + tuple(bool(p) for p in r[1 + r[0] : 1 + 2 * r[0]]) for r in table.tolist()}
-            )
-            raise ValueError(
-                f"ranks passed different grid shapes (dims then periods): {seen}; pass the same dims and periods "
-                f"on every rank"
-            )
+    agree_arguments(comm, "ProcessGrid", error, dims=shape, periods=per)
     return shape, per
 
 

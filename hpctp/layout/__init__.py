@@ -3,6 +3,7 @@
 from .blocks import block_cuts, block_range, block_sizes, check_cuts, owner_of
 from .layout import Layout, grid_coords, grid_rank, normalize_split
 from .plan import Piece, RedistributionPlan, intersect, redistribution_plan
+from .tiling import tiled_layout
 
 __all__ = [
     "Layout",
@@ -18,4 +19,5 @@ __all__ = [
     "normalize_split",
     "owner_of",
     "redistribution_plan",
+    "tiled_layout",
 ]

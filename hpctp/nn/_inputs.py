@@ -22,10 +22,10 @@ def resolve_layout(
 ) -> Layout:  # fmt: skip
     """Collective over grid. ``layout`` inferred when None, else checked against the block on
     every rank (a block that does not match on one rank raises everywhere: none is left waiting);
-    ``error``, a failed earlier local check, is raised the same way when a ``layout`` is given
-    (the inference's message cannot carry it: callers with an error pass their layout)."""
+    ``error``, a failed earlier local check, is raised the same way (in the inference's one
+    message when there is no ``layout``)."""
     if layout is None:
-        return infer_layout(tuple(x.shape), grid, split)
+        return infer_layout(tuple(x.shape), grid, split, error)
     try:
         if error is not None:
             raise error

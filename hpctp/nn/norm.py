@@ -115,9 +115,11 @@ def _agree_on_blocks(
     ``[N, C, *spatial]`` split as ``split``: same batch size and channels everywhere, spatial sizes
     agreeing along the grid. Statistics of blocks that do not tile would be silently wrong, or
     (GroupNorm, per-sample statistics) their messages would not match."""
-    C.raise_if_any(grid.comm, error)
-    if not isinstance(x, DistTensor) and block is not None and split is not None:
-        infer_layout(tuple(block.shape), grid, (None, None) + tuple(split))
+    if isinstance(x, DistTensor):
+        C.raise_if_any(grid.comm, error)
+    else:  # one Allgather carries both (``split`` is None only on a rank whose ``error`` is set)
+        shape = tuple(block.shape) if block is not None and error is None else ()
+        infer_layout(shape, grid, (None, None) + tuple(split or ()), error)
 
 
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
