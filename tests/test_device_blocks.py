@@ -148,9 +148,13 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         r0, c0 = x.local_offsets
         want = np.pad(a, 1, mode="wrap")[r0 : r0 + padded.shape[0], c0 : c0 + padded.shape[1]]
         assert_equal(grid2d, padded, want, "periodic halo of width 1")
-        f = hpctp.fft.rfftn(x.redistribute((0, None)))  # the backend's own FFT on the blocks
+        f = hpctp.fft.rfftn(x)  # the backend's own FFT on the blocks (divided along both dims: merged grid)
         assert_all(grid2d, kind.holds(f.local), "FFT keeps the kind")
         assert_allclose(grid2d, f.gather(None), np.fft.rfftn(a), rtol=1e-12, atol=1e-9, what="rfftn")
+        e = hpctp.fft.radial_spectrum(x)  # binned with the backend's own bincount
+        want = hpctp.fft.radial_spectrum(x.to("numpy"))
+        assert_allclose(grid2d, e, want, rtol=1e-12, atol=1e-12, what="radial_spectrum vs numpy blocks")
+        assert_allclose(grid2d, e.sum(), (a**2).mean(), rtol=1e-12, what="Parseval")
 
     _twice_with_reused_staging(grid2d, kind, run)
 

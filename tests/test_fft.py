@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -285,3 +287,72 @@ def test_bad_arguments_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
     empty = hpctp.distribute(np.zeros((0, 3)) if grid2d.rank == 0 else None, grid2d, (0, None))
     with pytest.raises(ValueError, match="cannot transform an empty dim"):
         F.fftn(empty)
+
+
+# ----------------------------------------------------------------- shell-binned spectra
+def _spectrum_ref(a: np.ndarray, axes: tuple | None) -> np.ndarray:
+    """The shell spectrum from the full complex FFT of the gathered field (no half-spectrum
+    weights), wavenumbers from numpy.fft.fftfreq."""
+    ax = normalize_fft_axes(axes, a.ndim)
+    power = np.abs(np.fft.fftn(a, axes=ax)) ** 2 / math.prod(a.shape[d] for d in ax) ** 2
+    k2 = sum(
+        (np.fft.fftfreq(a.shape[d], 1 / a.shape[d]) ** 2).reshape([-1 if e == d else 1 for e in range(a.ndim)])
+        for d in ax
+    )
+    shells = np.rint(np.sqrt(np.broadcast_to(k2, a.shape))).astype(int)
+    n_shells = int(round(math.sqrt(sum((a.shape[d] // 2) ** 2 for d in ax)))) + 1
+    other = [d for d in range(a.ndim) if d not in ax]
+    p = np.moveaxis(power, ax, range(len(other), a.ndim)).reshape(-1, math.prod(a.shape[d] for d in ax))
+    s = np.moveaxis(shells, ax, range(len(other), a.ndim)).reshape(p.shape)
+    out = np.stack([np.bincount(si, weights=pi, minlength=n_shells) for si, pi in zip(s, p)])
+    return out.reshape(tuple(a.shape[d] for d in other) + (n_shells,))
+
+
+SPECTRA = [
+    ((6, 5, 7), (0, 1, None), None),
+    ((2, 3, 9, 8), (None, None, 0, 1), (2, 3)),
+    ((7, 6), (0, 1), None),  # divided along every dim
+    ((4, 8, 5), (None, 0, 1), (-1, 1)),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", SPECTRA, ids=lambda c: "x".join(map(str, c[0])))
+def test_radial_spectrum_matches_the_full_fft(grid2d: hpctp.ProcessGrid, case: tuple) -> None:
+    shape, split, axes = case
+    a = np.random.default_rng(7).standard_normal(shape)
+    ax = normalize_fft_axes(axes, len(shape))
+    want = _spectrum_ref(a, axes)
+    mean_square = (a**2).mean(axis=ax)
+    for name, x in (
+        ("numpy", _block(grid2d, a, split, skew=True)),
+        ("torch", _block(grid2d, a, split, skew=False).to("torch")),
+        ("complex", _block(grid2d, a + 0.5j * a[::-1], split, skew=True)),
+    ):
+        got = F.radial_spectrum(x, axes)
+        ref = want if name != "complex" else _spectrum_ref(a + 0.5j * a[::-1], axes)
+        assert_allclose(grid2d, got, ref, rtol=RTOL, atol=1e-14, what=f"{name} spectrum of {shape} split {split}")
+        if name == "numpy":  # Parseval: the shells add up to the mean square over the transformed axes
+            assert_allclose(grid2d, got.sum(-1), mean_square, rtol=1e-12, what="Parseval")
+
+
+@pytest.mark.mpi
+def test_radial_spectrum_dtypes_and_3d_grids(grid3d: hpctp.ProcessGrid) -> None:
+    a = np.random.default_rng(8).standard_normal((5, 6, 4))
+    x = _block(grid3d, a, (0, 1, 2), skew=True)
+    assert_allclose(grid3d, F.radial_spectrum(x), _spectrum_ref(a, None), rtol=RTOL, atol=1e-14, what="3-D grid")
+    f32 = F.radial_spectrum(x.to("torch").astype(torch.float32))
+    assert_allclose(grid3d, f32, _spectrum_ref(a.astype(np.float32), None), rtol=1e-5, atol=1e-7, what="float32")
+    ints = (a * 10).astype(np.int64)
+    got = F.radial_spectrum(_block(grid3d, ints, (2, None, 0), skew=False))
+    assert_allclose(grid3d, got, _spectrum_ref(ints.astype(float), None), rtol=RTOL, atol=1e-12, what="int64")
+    with pytest.raises(ValueError, match="out of range"):
+        F.radial_spectrum(x, axes=(3,))
+
+
+def test_wavenumbers_and_weights() -> None:
+    assert F.wavenumbers(6).tolist() == [0, 1, 2, 3, 2, 1]
+    assert F.wavenumbers(5).tolist() == [0, 1, 2, 2, 1]
+    assert F.wavenumbers(6, half=True).tolist() == [0, 1, 2, 3]
+    assert F.hermitian_weights(6).tolist() == [1, 2, 2, 1]
+    assert F.hermitian_weights(5).tolist() == [1, 2, 2]

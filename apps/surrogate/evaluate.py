@@ -84,7 +84,10 @@ def evaluate(
 def write_plot(
     path: str, x: hpctp.DistTensor, y: hpctp.DistTensor, pred: hpctp.DistTensor, grid: hpctp.ProcessGrid
 ) -> None:
-    """Collective over grid. Rank 0 writes a PNG of channel v: truth, prediction, error."""
+    """Collective over grid. Rank 0 writes a PNG of channel v: truth, prediction, error, and the
+    three's shell-binned power spectra (:func:`hpctp.fft.radial_spectrum`, computed distributed)."""
+    err = hpctp.DistTensor(pred.local - y.local.to(pred.local.dtype), pred.grid, pred.layout)
+    spectra = [hpctp.fft.radial_spectrum(t, axes=(2, 3))[0, 1] for t in (y, pred, err)]
     truth = y.gather(root=0)
     guess = pred.gather(root=0)
     if truth is None or guess is None:  # not rank 0
@@ -96,7 +99,7 @@ def write_plot(
 
     t = truth[0, 1].double().numpy()
     p = guess[0, 1].detach().double().numpy()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4), constrained_layout=True)
     for ax, img, title, cmap in [
         (axes[0], t, "simulation v(t+k)", "viridis"),
         (axes[1], p, "surrogate v(t+k)", "viridis"),
@@ -107,6 +110,12 @@ def write_plot(
         ax.set_title(title)
         ax.axis("off")
         fig.colorbar(im, ax=ax, shrink=0.8)
+    k = np.arange(spectra[0].size)
+    for spec, label in zip(spectra, ("simulation", "surrogate", "error")):
+        axes[3].semilogy(k[1:], np.maximum(spec[1:], 1e-30), label=label)
+    axes[3].set_xlabel("|k| (shell)")
+    axes[3].set_title("power spectrum of v")
+    axes[3].legend()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

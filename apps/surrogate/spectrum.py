@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import hpctp
+from hpctp.fft import hermitian_weights, wavenumbers
 
 __all__ = ["band_errors", "high_band_mask"]
 
@@ -22,11 +23,10 @@ def high_band_mask(shape: tuple[int, int], rows: slice, cols: slice) -> tuple[np
     the field's energy (2 for the half-spectrum columns that stand for a conjugate pair, else 1).
     """
     h, w = shape
-    ky = np.arange(h)[rows]
-    ky = np.minimum(ky, h - ky)  # signed frequency's magnitude
-    kx = np.arange(w // 2 + 1)[cols]
+    ky = wavenumbers(h)[rows].astype(np.float64)
+    kx = wavenumbers(w, half=True)[cols].astype(np.float64)
     k = np.sqrt(ky[:, None] ** 2 + kx[None, :] ** 2)
-    weight = np.where((kx == 0) | (2 * kx == w), 1.0, 2.0)[None, :] * np.ones_like(k)
+    weight = np.broadcast_to(hermitian_weights(w)[cols][None, :], k.shape)
     return k > min(h, w) / 4, weight
 
 

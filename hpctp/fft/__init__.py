@@ -2,11 +2,24 @@
 
 :func:`fft_plan` is the pure part (which layout each 1-D transform runs in);
 :func:`fftn`, :func:`ifftn`, :func:`rfftn` and :func:`irfftn` run it with one ``Alltoallv``
-per moved grid axis and the blocks' own FFT library. For the Fourier layers of a neural
+per moved grid axis and the blocks' own FFT library; :func:`radial_spectrum` bins a field's
+power spectrum in shells of ``|k|`` (the energy spectrum E(k)). For the Fourier layers of a neural
 operator, which keep a few modes only, see :mod:`hpctp.nn.fourier` (no redistribution).
 """
 
 from .plan import FFTStep, fft_plan, normalize_fft_axes
+from .spectrum import hermitian_weights, radial_spectrum, wavenumbers
 from .transform import fftn, ifftn, irfftn, rfftn
 
-__all__ = ["FFTStep", "fft_plan", "fftn", "ifftn", "irfftn", "normalize_fft_axes", "rfftn"]
+__all__ = [
+    "FFTStep",
+    "fft_plan",
+    "fftn",
+    "hermitian_weights",
+    "ifftn",
+    "irfftn",
+    "normalize_fft_axes",
+    "radial_spectrum",
+    "rfftn",
+    "wavenumbers",
+]
