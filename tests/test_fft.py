@@ -7,12 +7,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_conv_common import make_layout
+from test_conv_common import make_layout, skewed_cuts
 
 import hpctp
 from hpctp import fft as F
 from hpctp.comm import CommCounter
-from hpctp.fft import FFTStep, fft_plan, normalize_fft_axes
+from hpctp.fft import FFTStep, fft_plan, normalize_fft_axes, step_layout
+from hpctp.layout import Layout, grid_coords, redistribution_plan
 from hpctp.testing import assert_all, assert_allclose
 
 RTOL = 1e-12
@@ -42,20 +43,55 @@ def test_plan_order_constraints_and_size_one_axes() -> None:
 
 def test_plan_merges_grid_axes_when_every_dim_is_divided() -> None:
     """A 2-D field on a 2x2 grid runs in slabs over all 4 ranks; a 3-D field on 2x2x2 in
-    pencils on a 4x2 grid; an unused size-1 axis between two is merged through."""
+    pencils on a 4x2 grid; an unused size-1 axis between two is merged through. The dim
+    holding the inner axis is transformed first, the other one taking the merged axis."""
     assert fft_plan((0, 1), (8, 8), (2, 2), (0, 1)) == (
-        FFTStep(0, (None, 0), (4,)),
         FFTStep(1, (0, None), (4,)),
+        FFTStep(0, (None, 0), (4,)),
     )
     assert fft_plan((0, 1, 2), (8, 8, 8), (2, 2, 2), (0, 1, 2)) == (
-        FFTStep(0, (None, 0, 1), (4, 2)),
         FFTStep(1, (0, None, 1), (4, 2)),
-        FFTStep(2, (0, 1, None), (4, 2)),
+        FFTStep(0, (None, 0, 1), (4, 2)),
+        FFTStep(2, (1, 0, None), (4, 2)),
     )
     assert fft_plan((0, 2), (8, 8), (2, 1, 3), (1,)) == (FFTStep(1, (0, None), (6,)),)
-    assert fft_plan((2, 0), (8, 8), (3, 1, 2), (0, 1), first=1)[0] == FFTStep(1, (0, None), (6,))  # rfftn
+    assert fft_plan((0, 2), (8, 8), (2, 1, 3), (0, 1))[0] == FFTStep(1, (0, None), (6,))
+    assert fft_plan((2, 0), (8, 8), (3, 1, 2), (0, 1), first=0)[0] == FFTStep(0, (None, 0), (6,))  # rfftn
     # a replicated axis that is not next to the divided one stays a replica axis
     assert fft_plan((0, 1), (8, 8), (2, 2, 3), (0,)) == (FFTStep(0, (None, 0), (4, 3)),)
+
+
+@pytest.mark.parametrize(
+    "split, shape, dims",
+    [
+        ((0, 1), (8, 9), (2, 3)),
+        ((1, 0), (7, 8), (3, 2)),
+        ((0, 1, 2), (6, 8, 4), (2, 2, 2)),
+        ((0, 2), (9, 8), (3, 1, 2)),
+    ],
+)
+def test_merged_moves_stay_within_grid_lines(split: tuple, shape: tuple, dims: tuple) -> None:
+    """Every move of an every-dim-divided plan (the first one from the caller's grid, then
+    between the steps) only exchanges data among ranks that differ in one grid axis."""
+    steps = fft_plan(split, shape, dims, tuple(range(len(shape))))
+    skewed = tuple(None if g is None else skewed_cuts(n, dims[g]) for n, g in zip(shape, split))
+    for start in (Layout(shape, dims, split), Layout(shape, dims, split, skewed)):
+        states = [start]
+        for s in steps:  # as hpctp.fft runs them: each step's layout from the one before
+            states.append(step_layout(states[-1], shape, s.split, s.grid_dims or dims))
+        _check_lines(states)
+
+
+def _check_lines(states: list) -> None:
+    for src, dst in zip(states, states[1:]):
+        assert dst.global_shape == src.global_shape
+        axes = src.grid_dims
+        for r in range(src.nranks):
+            me = grid_coords(r, axes)
+            for p in redistribution_plan(src, dst, r).sends:
+                them = grid_coords(p.peer, axes)
+                differ = [g for g in range(len(axes)) if me[g] != them[g]]
+                assert len(differ) <= 1, f"{src} -> {dst}: rank {r} {me} sends to {p.peer} {them}"
 
 
 def test_plan_refuses_a_divided_1d_tensor() -> None:

@@ -7,7 +7,7 @@ power spectrum in shells of ``|k|`` (the energy spectrum E(k)). For the Fourier 
 operator, which keep a few modes only, see :mod:`hpctp.nn.fourier` (no redistribution).
 """
 
-from .plan import FFTStep, fft_plan, normalize_fft_axes
+from .plan import FFTStep, fft_plan, normalize_fft_axes, step_layout
 from .spectrum import hermitian_weights, radial_spectrum, wavenumbers
 from .transform import fftn, ifftn, irfftn, rfftn
 
@@ -21,5 +21,6 @@ __all__ = [
     "normalize_fft_axes",
     "radial_spectrum",
     "rfftn",
+    "step_layout",
     "wavenumbers",
 ]

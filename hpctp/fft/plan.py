@@ -12,7 +12,10 @@ When every dim is divided (a 2-D field on a 2-D grid, a 3-D field on a 3-D grid)
 can take the grid axis. The plan then merges it with a neighbouring grid axis, which keeps
 the ranks' row-major order: on the merged grid one dim is divided over both axes' ranks
 (slabs) and the other becomes whole. The steps from there run on that grid shape
-(:attr:`FFTStep.grid_dims`); the tensor moves back to the caller's grid at the end.
+(:attr:`FFTStep.grid_dims`); the tensor moves back to the caller's grid at the end. The dim
+that held the outer of the two axes takes the merged one, cut nested (:func:`step_layout`:
+each of its blocks into equal parts), so that first move stays within lines of the inner
+axis; the dim that held the inner axis, now whole, is transformed first.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..ints import is_int
+from ..layout import Layout, block_cuts
 from ..ops.reduce import ordered_axes
 
-__all__ = ["FFTStep", "fft_plan", "normalize_fft_axes"]
+__all__ = ["FFTStep", "fft_plan", "normalize_fft_axes", "step_layout"]
 
 
 @dataclass(frozen=True)
@@ -126,8 +130,11 @@ def _plan(
         return (0 if d in done else 2 if d in pending else 1, -shape[d], d)
 
     def merge(a: int) -> None:
-        """Merge dim ``a``'s grid axis with a neighbour, handing the merged one to the
-        neighbour's dim if it has one (then ``a`` is whole), else keeping it on ``a``."""
+        """Merge dim ``a``'s grid axis with a neighbouring one, handing the merged axis to the
+        neighbour's dim if it has one (then ``a`` is whole), else keeping it on ``a``. The
+        outer neighbour (``g - 1``) is preferred: its dim's blocks are then only cut finer
+        (block ``i`` of ``P`` becomes blocks ``i Q .. i Q + Q - 1`` of ``P Q``), so the move
+        stays within the ``Q`` ranks of one line of the inner axis."""
         g = cast(int, cur[a])
         near = [h for h in (g - 1, g + 1) if 0 <= h < len(grid)]
         if not near:
@@ -137,7 +144,11 @@ def _plan(
                 f"dim (batch, channels) or make dim {a} whole first (redistribute with split None there)"
             )
         owner = {cur[d]: d for d in range(len(cur)) if d != a and cur[d] is not None}
-        h = min(near, key=lambda h: rank(owner[h]) if h in owner else (3, 0, h))
+
+        def choice(h: int) -> tuple[int, int]:  # outer owned; outer of size 1 (walked through); the rest
+            return (0 if h in owner else 1 if grid[h] == 1 else 2, h) if h == g - 1 else (2, h)
+
+        h = min(near, key=choice)
         lo = min(g, h)
         grid[lo : lo + 2] = [grid[lo] * grid[lo + 1]]
         for d, x in enumerate(cur):
@@ -145,6 +156,17 @@ def _plan(
                 cur[d] = x if x < lo else lo if x <= lo + 1 else x - 1
         if h in owner:
             cur[a] = None
+
+    def first_to_merge() -> int:
+        """With every dim divided: one whose grid axis's outer neighbour (past size-1 axes)
+        divides another dim, so that ``merge`` only cuts that dim finer; else the first."""
+        for a in todo:
+            h = cast(int, cur[a]) - 1
+            while h >= 0 and grid[h] == 1:
+                h -= 1
+            if h >= 0 and h in cur:
+                return a
+        return todo[0]
 
     def run(a: int) -> None:
         while not whole(a):
@@ -163,9 +185,64 @@ def _plan(
         run(first)
     while todo:
         ready = [a for a in todo if whole(a)]
-        a = ready[0] if ready else todo[0]
+        free = [d for d in range(len(cur)) if whole(d)]
+        a = ready[0] if ready else todo[0] if free else first_to_merge()
         todo.remove(a)
         run(a)
     if last is not None:
         run(last)
     return tuple(steps)
+
+
+def _runs(old: Sequence[int], new: Sequence[int]) -> list[list[int]] | None:
+    """The consecutive groups of ``old`` grid axes that ``new``'s axes merge (size-1 axes go
+    with the group before them), or None if ``new`` is no such merge of ``old``."""
+    runs: list[list[int]] = []
+    i = 0
+    for n in new:
+        run: list[int] = []
+        size = 1
+        while i < len(old) and (not run or size < n or old[i] == 1) and size * old[i] <= n:
+            run.append(i)
+            size *= old[i]
+            i += 1
+        if size != n:
+            return None
+        runs.append(run)
+    if runs and i < len(old) and all(old[j] == 1 for j in range(i, len(old))):
+        runs[-1] += list(range(i, len(old)))
+        i = len(old)
+    return runs if i == len(old) else None
+
+
+def step_layout(
+    old: Layout, shape: Sequence[int], split: Sequence[int | None], grid_dims: Sequence[int] | None = None
+) -> Layout:
+    """Local. The layout of ``shape`` split as ``split`` on ``grid_dims`` (default: ``old``'s) that
+    takes the fewest messages from ``old``.
+
+    A dim of unchanged size whose new grid axis merges its old one with axes inside it (the
+    old axis outermost, as :func:`fft_plan` merges) is cut nested: each of its old blocks into
+    equal parts, so every rank keeps a piece of its own block and trades only with the ranks
+    of its line of the inner axes. With nothing merged this keeps the old cuts. Other divided
+    dims are balanced.
+    """
+    dims = tuple(old.grid_dims if grid_dims is None else grid_dims)
+    runs = _runs(old.grid_dims, dims)
+    cuts: list[tuple[int, ...] | None] = []
+    for d, m in enumerate(split):
+        k = old.split[d] if d < old.ndim else None
+        if m is None or k is None or runs is None or k not in runs[m] or old.global_shape[d] != shape[d]:
+            cuts.append(None)
+            continue
+        inner = runs[m][runs[m].index(k) + 1 :]
+        if any(old.grid_dims[j] > 1 for j in runs[m][: runs[m].index(k)]):
+            cuts.append(None)  # an outer axis of the merge varies first: not nested
+            continue
+        parts = math.prod(old.grid_dims[j] for j in inner)
+        edges = old.dim_cuts[d]
+        nested = [edges[0]]
+        for lo, hi in zip(edges, edges[1:]):
+            nested += [lo + c for c in block_cuts(hi - lo, parts)[1:]]
+        cuts.append(tuple(nested))
+    return Layout(tuple(shape), dims, tuple(split), tuple(cuts))

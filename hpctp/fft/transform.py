@@ -15,7 +15,7 @@ from ..ints import is_int
 from ..layout import Layout, normalize_split
 from ..ops.transfer import redistribute_block
 from ..tensor import DistTensor
-from .plan import fft_plan, normalize_fft_axes
+from .plan import fft_plan, normalize_fft_axes, step_layout
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn"]
 
@@ -65,21 +65,6 @@ def _move(block: Any, grid: Any, src: Layout, dst: Layout, grad: bool) -> Any:
     return Redistribute.apply(block.contiguous(), grid, src, dst)
 
 
-def _layout(
-    old: Layout,
-    shape: tuple[int, ...],
-    split: tuple[int | None, ...],
-    keep: tuple[int, ...],
-    grid_dims: tuple[int, ...] | None = None,
-) -> Layout:
-    """``split`` on ``shape`` over ``grid_dims`` (default ``old``'s grid), keeping ``old``'s
-    cuts of the dims in ``keep`` where the grid is the same (balanced elsewhere)."""
-    dims = old.grid_dims if grid_dims is None else grid_dims
-    same = dims == old.grid_dims
-    cuts = tuple(old.cuts[d] if same and d in keep and old.split[d] == split[d] else None for d in range(len(shape)))
-    return Layout(shape, dims, split, cuts)
-
-
 def _run(
     x: DistTensor, what: str, axes: object, norm: object, out_split: object, half: str | None, s_last: object = None
 ) -> DistTensor:
@@ -117,8 +102,7 @@ def _run(
             out = steps[-1].split if steps[-1].grid_dims is None else x.split  # (a merged grid's: not ours)
         else:
             out = normalize_split(out_split, x.ndim, x.grid.ndim)
-        keep = tuple(d for d in range(x.ndim) if half is None or d != ax[-1])
-        target = _layout(x.layout, tuple(shape), out, keep)
+        target = step_layout(x.layout, shape, out)
     except (TypeError, ValueError) as e:
         error = e
     if not isinstance(x, DistTensor):  # no communicator to tell the other ranks
@@ -131,7 +115,7 @@ def _run(
     base = "ifft" if half == "irfft" or what == "ifftn" else "fft"
     block, lay = x.local, x.layout
     for i, step in enumerate(steps):
-        want = _layout(lay, lay.global_shape, step.split, tuple(range(x.ndim)), step.grid_dims or grid.dims)
+        want = step_layout(lay, lay.global_shape, step.split, step.grid_dims or grid.dims)
         if want != lay:
             block, lay = _move(block, grid, lay, want, grad), want
         kind, n = base, None
@@ -140,7 +124,7 @@ def _run(
         block = _local(block, kind, step.axis, n, norm)
         new_shape = list(lay.global_shape)
         new_shape[step.axis] = int(block.shape[step.axis])
-        lay = _layout(lay, tuple(new_shape), step.split, tuple(range(x.ndim)))
+        lay = step_layout(lay, new_shape, step.split)
     if out_layout != lay:
         block = _move(block, grid, lay, out_layout, grad)
     return DistTensor(block, grid, out_layout)
