@@ -392,3 +392,42 @@ def test_wavenumbers_and_weights() -> None:
     assert F.wavenumbers(6, half=True).tolist() == [0, 1, 2, 3]
     assert F.hermitian_weights(6).tolist() == [1, 2, 2, 1]
     assert F.hermitian_weights(5).tolist() == [1, 2, 2]
+
+
+# ----------------------------------------------------------------- frequencies: spectral solvers
+@pytest.mark.mpi
+@pytest.mark.parametrize("out", ["same", "any"])
+def test_poisson_solve_and_derivative_on_the_distributed_spectrum(grid2d: hpctp.ProcessGrid, out: str) -> None:
+    """-lap(phi) = f on a periodic 2-D box (f of zero mean) and d/dx: with the frequencies of
+    each rank's own block, no message beyond the FFTs', equal to numpy on the gathered field."""
+    h, w, length = 12, 9, 2 * np.pi
+    f = np.random.default_rng(9).standard_normal((h, w))
+    f -= f.mean()
+    ky = 2 * np.pi * np.fft.fftfreq(h, length / h)[:, None]
+    kx = 2 * np.pi * np.fft.rfftfreq(w, length / w)[None, :]
+    k2 = ky**2 + kx**2
+    k2[0, 0] = 1.0
+    want_phi = np.fft.irfftn(np.fft.rfftn(f) / k2, s=(h, w), axes=(0, 1))
+    want_dx = np.fft.irfftn(1j * kx * np.fft.rfftn(f), s=(h, w), axes=(0, 1))
+    for split, backend in (((0, 1), "numpy"), ((1, None), "torch")):  # every dim divided; one dim
+        x = hpctp.distribute(f if grid2d.rank == 0 else None, grid2d, split).to(backend)
+        spec = F.rfftn(x, out_split=out)
+        fy, fx = (2 * np.pi * g for g in F.frequencies(spec, d=(length / h, length / w), n=w))  # angular
+        kk = fy**2 + fx**2
+        kk[kk == 0] = 1.0
+        phi = F.irfftn(hpctp.DistTensor(spec.local / kk, spec.grid, spec.layout), n=w, out_split=split)
+        dx = F.irfftn(hpctp.DistTensor(1j * fx * spec.local, spec.grid, spec.layout), n=w, out_split=split)
+        assert_allclose(grid2d, phi.gather(None), want_phi, rtol=1e-12, atol=1e-13, what=f"Poisson {split}")
+        assert_allclose(grid2d, dx.gather(None), want_dx, rtol=1e-12, atol=1e-13, what=f"d/dx {split}")
+    full = F.fftn(x)
+    got = F.frequencies(full, axes=(1, 0), d=0.5)
+    ok = got[0].shape == (1, full.local.shape[1]) and got[1].shape == (full.local.shape[0], 1)
+    sl = full.local_slices
+    ok = ok and np.allclose(np.asarray(got[0]).ravel(), np.fft.fftfreq(w, 0.5)[sl[1]])
+    assert_all(grid2d, ok, "full-spectrum frequencies of the block, in axes order, broadcast shapes")
+    with pytest.raises(ValueError, match=r"n=7 does not fit axis 1 of length 5: .* \(n = 8 or 9\)"):
+        F.frequencies(spec, n=7)
+    with pytest.raises(ValueError, match="one spacing per axis"):
+        F.frequencies(spec, d=(1.0, 2.0, 3.0), n=w)
+    with pytest.raises(TypeError, match="needs a hpctp.DistTensor"):
+        F.frequencies(f)  # type: ignore[arg-type]

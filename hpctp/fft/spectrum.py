@@ -4,7 +4,6 @@
 transposed layout the plan ends in), bins each rank's modes by the length of their integer
 wavevector with the blocks' own ``bincount``, and sums the bins over the grid: the spectrum
 (a few hundred numbers per field) is all that travels besides the FFT's own moves.
-:func:`wavenumbers` and :func:`hermitian_weights` are the pure per-axis parts.
 """
 
 from __future__ import annotations
@@ -17,25 +16,11 @@ import numpy as np
 from .. import comm as C
 from ..backend import backend_name, dtype_kind, from_numpy
 from ..tensor import DistTensor
+from .freqs import hermitian_weights, wavenumbers
 from .plan import normalize_fft_axes
 from .transform import fftn, rfftn
 
-__all__ = ["hermitian_weights", "radial_spectrum", "wavenumbers"]
-
-
-def wavenumbers(n: int, half: bool = False) -> np.ndarray:
-    """Local. ``|k|`` of each index of a length-``n`` FFT axis (``n // 2 + 1`` of them if ``half``,
-    the axis an ``rfft`` shortens): ``0, 1, ..., n // 2, ..., 1``."""
-    i = np.arange(n // 2 + 1 if half else n)
-    return np.minimum(i, n - i) if not half else i
-
-
-def hermitian_weights(n: int) -> np.ndarray:
-    """Local. How many modes of the full spectrum each of the ``n // 2 + 1`` modes of an ``rfft``
-    axis stands for: 1 for ``k = 0`` and (``n`` even) the Nyquist mode, 2 for the others (the
-    mode and its conjugate)."""
-    i = np.arange(n // 2 + 1)
-    return np.where((i == 0) | (2 * i == n), 1.0, 2.0)
+__all__ = ["radial_spectrum"]
 
 
 def _bincount(idx: Any, weights: Any, length: int) -> np.ndarray:

@@ -107,7 +107,7 @@ def _run(
         error = e
     if not isinstance(x, DistTensor):  # no communicator to tell the other ranks
         raise error if error is not None else TypeError(f"{what} needs a hpctp.DistTensor")
-    grad = isinstance(x, DistTensor) and _needs_grad(x.local)
+    grad = _needs_grad(x.local)
     C.agree_arguments(
         x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last, requires_grad=grad
     )  # (a backward on some ranks only would wait forever in its moves)
