@@ -4,17 +4,22 @@ Surrogates of pattern-forming fields tend to get the large scales right and smea
 ones; a single relative L2 error hides which. :func:`band_errors` splits the 2-D spectrum of
 the error at half the largest wavenumber and reports each band's share of the relative L2
 error, computed on the distributed fields (a pencil FFT, nothing gathered).
+:func:`high_band_loss` is the high band's share of the mean squared error as a differentiable
+training loss term (``train.spectral_weight``), through hpctp.fft's autograd.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
 import hpctp
 from hpctp.fft import hermitian_weights, wavenumbers
+from hpctp.nn import allreduce_sum
 
-__all__ = ["band_errors", "high_band_mask"]
+__all__ = ["band_errors", "high_band_loss", "high_band_mask"]
 
 
 def high_band_mask(shape: tuple[int, int], rows: slice, cols: slice) -> tuple[np.ndarray, np.ndarray]:
@@ -58,3 +63,39 @@ def band_errors(pred: hpctp.DistTensor, truth: hpctp.DistTensor) -> tuple[float,
     hpctp.comm.allreduce(pred.grid.comm, sums, "sum")  # each mode and cell is on one rank: a plain sum
     e_low, e_high, t = sums
     return float(np.sqrt(e_low / t)), float(np.sqrt(e_high / t))
+
+
+def high_band_loss(
+    pred: torch.Tensor, target: torch.Tensor, grid: hpctp.ProcessGrid | None = None, layout: hpctp.Layout | None = None
+) -> torch.Tensor:
+    """Collective over grid. ``||P_high (pred - target)||^2 / numel``: the part of the mean squared
+    error in the band ``|k| > k_max / 2`` (Parseval), differentiable.
+
+    Parameters
+    ----------
+    pred, target : torch.Tensor
+        This rank's ``[N, C, h, w]`` blocks (``pred`` may require grad); with ``grid`` None, the
+        whole fields (one process, ``torch.fft``).
+    grid : ProcessGrid, optional
+    layout : Layout
+        The blocks' layout, H and W split over the grid's two axes (as the apps' fields are).
+
+    Returns
+    -------
+    torch.Tensor
+        0-d, the same on every rank; its gradient flows to ``pred`` through the FFT's moves.
+    """
+    err = pred - target.to(pred.dtype)
+    if grid is None or layout is None:
+        spec = torch.fft.rfftn(err, dim=(2, 3))
+        shape, rows, cols, numel = tuple(err.shape[2:]), slice(None), slice(None), err.numel()
+    else:
+        out = hpctp.fft.rfftn(hpctp.DistTensor(err, grid, layout), axes=(2, 3))
+        spec, (rows, cols) = out.local, out.layout.local_slices(grid.coords)[2:]
+        shape, numel = tuple(layout.global_shape[2:]), math.prod(layout.global_shape)
+    high, weight = high_band_mask(shape, rows, cols)  # type: ignore[arg-type]
+    w = torch.as_tensor(np.where(high, weight, 0.0), dtype=err.dtype, device=err.device)
+    total = (spec.abs().square() * w).sum() / (shape[0] * shape[1])
+    if grid is not None and layout is not None:
+        total = allreduce_sum(total, grid)  # each mode lives on one rank
+    return total / numel

@@ -1,4 +1,5 @@
-"""Distributed training: global MSE, summed gradients, Adam; rank-0 progress; periodic checkpoints."""
+"""Distributed training: global MSE (+ its high-wavenumber part), summed gradients, Adam; rank-0 progress;
+periodic checkpoints."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hpctp.nn import global_mse_loss, sync_gradients
 from .blocks import pointwise
 from .data import open_pairs
 from .models import build_model
+from .spectrum import high_band_loss
 
 __all__ = ["train", "train_step", "make_optimizer", "fit_delta_scale"]
 
@@ -56,12 +58,16 @@ def train_step(
     x: hpctp.DistTensor,
     y: hpctp.DistTensor,
     grid: hpctp.ProcessGrid,
+    spectral_weight: float = 0.0,
 ) -> float:
-    """Collective over grid. One optimizer step on the global batch; returns the global loss."""
+    """Collective over grid. One optimizer step on the global batch; returns the global loss:
+    the MSE, plus ``spectral_weight`` times its high-wavenumber part (:func:`high_band_loss`)."""
     dtype = next(model.parameters()).dtype
     opt.zero_grad(set_to_none=True)
     pred = model(_as(x, dtype))
     loss = global_mse_loss(pred.local, y.local.to(dtype), grid)
+    if spectral_weight:
+        loss = loss + spectral_weight * high_band_loss(pred.local, y.local, grid, pred.layout)
     loss.backward()
     sync_gradients(model, grid)
     opt.step()
@@ -108,7 +114,7 @@ def train(
         for i, (x, y) in enumerate(tqdm(loader, total=per_epoch, desc=f"epoch {epoch + 1}/{epochs}", disable=not show)):
             if i < skip:
                 continue
-            losses.append(train_step(model, opt, x, y, grid))
+            losses.append(train_step(model, opt, x, y, grid, float(tcfg.get("spectral_weight", 0.0))))
             step += 1
         history += losses
         log.info(
