@@ -77,6 +77,21 @@ def backend_name(x: object) -> str:
     raise TypeError(f"local blocks must be numpy.ndarray, torch.Tensor or cupy.ndarray, got {type(x).__name__}")
 
 
+def array_module(x: object) -> Any:
+    """Local. ``numpy`` or ``cupy``: the array module of a non-torch block (torch blocks use torch).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a numpy or cupy array.
+    """
+    if isinstance(x, np.ndarray):
+        return np
+    if is_cupy(x):
+        return sys.modules["cupy"]
+    raise TypeError(f"array_module takes a numpy or cupy block, got {type(x).__name__}")
+
+
 def check_array(x: object, what: str = "array") -> Array:
     """Local. Return ``x`` if it is a supported array, else raise a TypeError naming ``what``."""
     try:

@@ -35,6 +35,26 @@ def high_band_mask(shape: tuple[int, int], rows: slice, cols: slice) -> tuple[np
     return k > min(h, w) / 4, weight
 
 
+def _band_powers(
+    err: torch.Tensor, grid: hpctp.ProcessGrid | None, layout: hpctp.Layout | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collective over grid (local with ``grid`` None, on whole fields). This rank's shares of
+    ``||P_low err||^2`` and ``||P_high err||^2`` (Parseval, from the ``rfft2`` of ``err``; every
+    mode lives on one rank), differentiable through hpctp.fft's autograd or ``torch.fft``."""
+    if grid is None or layout is None:
+        spec = torch.fft.rfftn(err, dim=(2, 3))
+        shape, rows, cols = tuple(err.shape[2:]), slice(None), slice(None)
+    else:
+        out = hpctp.fft.rfftn(hpctp.DistTensor(err, grid, layout), axes=(2, 3))
+        spec, (rows, cols) = out.local, out.layout.local_slices(grid.coords)[2:]
+        shape = tuple(layout.global_shape[2:])
+    high, weight = high_band_mask(shape, rows, cols)  # type: ignore[arg-type]
+    w = torch.as_tensor(weight / (shape[0] * shape[1]), dtype=err.dtype, device=err.device)
+    power = spec.abs().square().sum((0, 1)) * w  # Parseval: sum |X_k|^2 = H W sum |x|^2
+    mask = torch.as_tensor(high, device=err.device)
+    return power[~mask].sum(), power[mask].sum()
+
+
 def band_errors(pred: hpctp.DistTensor, truth: hpctp.DistTensor) -> tuple[float, float]:
     """Collective over grid. Relative L2 error of ``pred`` in the low and the high wavenumber band.
 
@@ -51,15 +71,8 @@ def band_errors(pred: hpctp.DistTensor, truth: hpctp.DistTensor) -> tuple[float,
         ``|k| > k_max / 2`` (Parseval: the norms of the band-filtered error): the two parts of
         the relative L2 error, whose squares add up to its square. The same on every rank.
     """
-    err = hpctp.DistTensor(pred.local - truth.local, pred.grid, pred.layout)
-    spec = hpctp.fft.rfftn(err.astype(torch.float64), axes=(2, 3))
-    rows, cols = spec.layout.local_slices(spec.grid.coords)[2:]
-    high, weight = high_band_mask(tuple(err.global_shape[2:]), rows, cols)  # type: ignore[arg-type]
-    power = (spec.local.abs() ** 2).sum((0, 1)).cpu().numpy() * weight
-    n_modes = err.global_shape[2] * err.global_shape[3]  # Parseval: sum |X_k|^2 = n sum |x|^2
-    sums = np.array(
-        [power[~high].sum() / n_modes, power[high].sum() / n_modes, float(truth.local.double().square().sum())]
-    )
+    low, high = _band_powers((pred.local - truth.local).double(), pred.grid, pred.layout)
+    sums = np.array([float(low), float(high), float(truth.local.double().square().sum())])
     hpctp.comm.allreduce(pred.grid.comm, sums, "sum")  # each mode and cell is on one rank: a plain sum
     e_low, e_high, t = sums
     return float(np.sqrt(e_low / t)), float(np.sqrt(e_high / t))
@@ -85,17 +98,7 @@ def high_band_loss(
     torch.Tensor
         0-d, the same on every rank; its gradient flows to ``pred`` through the FFT's moves.
     """
-    err = pred - target.to(pred.dtype)
+    _, total = _band_powers(pred - target.to(pred.dtype), grid, layout)
     if grid is None or layout is None:
-        spec = torch.fft.rfftn(err, dim=(2, 3))
-        shape, rows, cols, numel = tuple(err.shape[2:]), slice(None), slice(None), err.numel()
-    else:
-        out = hpctp.fft.rfftn(hpctp.DistTensor(err, grid, layout), axes=(2, 3))
-        spec, (rows, cols) = out.local, out.layout.local_slices(grid.coords)[2:]
-        shape, numel = tuple(layout.global_shape[2:]), math.prod(layout.global_shape)
-    high, weight = high_band_mask(shape, rows, cols)  # type: ignore[arg-type]
-    w = torch.as_tensor(np.where(high, weight, 0.0), dtype=err.dtype, device=err.device)
-    total = (spec.abs().square() * w).sum() / (shape[0] * shape[1])
-    if grid is not None and layout is not None:
-        total = allreduce_sum(total, grid)  # each mode lives on one rank
-    return total / numel
+        return total / pred.numel()
+    return allreduce_sum(total, grid) / math.prod(layout.global_shape)

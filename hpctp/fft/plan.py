@@ -231,15 +231,15 @@ def step_layout(
     runs = _runs(old.grid_dims, dims)
     cuts: list[tuple[int, ...] | None] = []
     for d, m in enumerate(split):
-        k = old.split[d] if d < old.ndim else None
+        k = old.split[d]
         if m is None or k is None or runs is None or k not in runs[m] or old.global_shape[d] != shape[d]:
             cuts.append(None)
             continue
-        inner = runs[m][runs[m].index(k) + 1 :]
-        if any(old.grid_dims[j] > 1 for j in runs[m][: runs[m].index(k)]):
+        pos = runs[m].index(k)
+        if any(old.grid_dims[j] > 1 for j in runs[m][:pos]):
             cuts.append(None)  # an outer axis of the merge varies first: not nested
             continue
-        parts = math.prod(old.grid_dims[j] for j in inner)
+        parts = math.prod(old.grid_dims[j] for j in runs[m][pos + 1 :])
         edges = old.dim_cuts[d]
         nested = [edges[0]]
         for lo, hi in zip(edges, edges[1:]):

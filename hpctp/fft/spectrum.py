@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from .. import comm as C
-from ..backend import backend_name, dtype_kind, from_numpy
+from ..backend import array_module, backend_name, dtype_kind, from_numpy, to_numpy
+from ..dtypes import dtype_name
 from ..tensor import DistTensor
 from .freqs import hermitian_weights, wavenumbers
 from .plan import normalize_fft_axes
@@ -29,19 +30,17 @@ def _bincount(idx: Any, weights: Any, length: int) -> np.ndarray:
         import torch
 
         return torch.bincount(idx, weights=weights, minlength=length).cpu().numpy()
-    xp: Any = np if backend_name(weights) == "numpy" else __import__("cupy")
-    out = xp.bincount(idx, weights=weights, minlength=length)
-    return np.asarray(out if xp is np else out.get(), dtype=np.float64)
+    return to_numpy(array_module(weights).bincount(idx, weights=weights, minlength=length))
 
 
 def _power(block: Any) -> Any:
-    """``|block|^2`` in float64 (the block's backend), flattened."""
+    """``|block|^2`` in float64 (the block's backend)."""
     if backend_name(block) == "torch":
         import torch
 
-        return block.detach().abs().to(torch.float64).square().reshape(-1)
-    xp: Any = np if backend_name(block) == "numpy" else __import__("cupy")
-    return xp.square(xp.abs(block).astype(xp.float64)).reshape(-1)
+        return block.detach().abs().to(torch.float64).square()
+    xp = array_module(block)
+    return xp.square(xp.abs(block).astype(xp.float64))
 
 
 def radial_spectrum(x: DistTensor, axes: object = None) -> np.ndarray:
@@ -72,11 +71,11 @@ def radial_spectrum(x: DistTensor, axes: object = None) -> np.ndarray:
     ValueError, TypeError
         As :func:`fftn`, on every rank.
     """
-    kind = dtype_kind(x.local) if isinstance(x, DistTensor) else "f"
-    if isinstance(x, DistTensor) and kind == "f" and x.local.dtype.itemsize == 2:
-        x = x.astype("float32")  # no FFT library takes every 16-bit length
-    elif isinstance(x, DistTensor) and kind in "biu":
+    kind = dtype_kind(x.local) if isinstance(x, DistTensor) else "?"  # (rfftn raises on a non-DistTensor)
+    if kind in "biu":
         x = x.astype("float64")
+    elif kind == "f" and dtype_name(x.local.dtype) in ("float16", "bfloat16"):
+        x = x.astype("float32")  # no FFT library takes every 16-bit length
     real = kind != "c"
     y = (rfftn if real else fftn)(x, axes, out_split="any")  # validates and agrees on every rank
     ax = normalize_fft_axes(axes, x.ndim)
@@ -84,10 +83,10 @@ def radial_spectrum(x: DistTensor, axes: object = None) -> np.ndarray:
     other = [d for d in range(x.ndim) if d not in ax]
     shells = int(round(math.sqrt(sum((shape[a] // 2) ** 2 for a in ax)))) + 1
     slices = y.layout.local_slices(y.grid.coords)
-    local = tuple(int(s) for s in y.local.shape)
-    k2 = np.zeros(local)
-    weight = np.ones(local)
-    row = np.zeros(local, dtype=np.int64)
+    # per-dim factors shaped to broadcast against the block; full-sized only in ``idx``
+    k2: Any = 0.0
+    weight: Any = 1.0 / float(math.prod(shape[a] for a in ax)) ** 2  # Parseval: |X|^2 / N^2
+    row: Any = 0
     stride = 1
     for d in reversed(range(x.ndim)):
         view = [1] * x.ndim
@@ -100,9 +99,9 @@ def radial_spectrum(x: DistTensor, axes: object = None) -> np.ndarray:
         else:  # the row of the output this index belongs to (global, row-major over the other dims)
             row = row + (np.arange(shape[d])[slices[d]] * stride).reshape(view)
             stride *= shape[d]
-    idx = (row * shells + np.rint(np.sqrt(k2)).astype(np.int64)).reshape(-1)
-    n_points = math.prod(shape[a] for a in ax)
-    power = _power(y.local) * from_numpy((weight / float(n_points) ** 2).reshape(-1), y.local)
+    local = tuple(int(s) for s in y.local.shape)
+    idx = np.broadcast_to(row * shells + np.rint(np.sqrt(k2)).astype(np.int64), local).flatten()  # (a writable copy)
+    power = (_power(y.local) * from_numpy(np.asarray(weight, dtype=np.float64), y.local)).reshape(-1)
     out = np.zeros(stride * shells)
     if y.layout.is_primary(y.grid.coords) and idx.size:  # (each mode counted once: no replica adds)
         out += _bincount(from_numpy(idx, y.local), power, stride * shells)

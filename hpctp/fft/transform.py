@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from .. import comm as C
-from ..backend import backend_name, empty_like_backend
+from ..backend import array_module, backend_name, dtype_kind, empty_like_backend
 from ..ints import is_int
 from ..layout import Layout, normalize_split
 from ..ops.transfer import redistribute_block
@@ -34,8 +34,7 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
 
         fn, where = getattr(torch.fft, kind), {"dim": axis}
     else:
-        xp: Any = __import__("numpy") if name == "numpy" else __import__("cupy")
-        fn, where = getattr(xp.fft, kind), {"axis": axis}
+        fn, where = getattr(array_module(x).fft, kind), {"axis": axis}
     if all(int(s) for s in x.shape):
         return fn(x, n=n, norm=norm, **where)
     probe = empty_like_backend(tuple(max(int(s), 1) for s in x.shape), x.dtype, x)
@@ -88,7 +87,7 @@ def _run(
             n_last = int(s_last) if s_last is not None else 2 * (m - 1)
             if n_last < 1:
                 raise ValueError(f"{what}: the last axis has {m} modes; give n (its output length) explicitly")
-        if half == "rfft" and "complex" in str(x.dtype):
+        if half == "rfft" and dtype_kind(x.local) == "c":
             raise TypeError(f"{what} transforms real data; got a {x.dtype} tensor (use fftn)")
         first, last = (ax[-1], None) if half == "rfft" else (None, ax[-1]) if half == "irfft" else (None, None)
         steps = fft_plan(x.split, shape, x.grid.dims, ax, first, last)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, copy_into, dtype_kind, empty_like_backend, is_device, is_torch
+from ..backend import Array, array_module, copy_into, dtype_kind, empty_like_backend, is_device, is_torch
 
 __all__ = ["gemm", "gemm_dtype_error", "is_contiguous", "Workspace", "zeros_like_backend"]
 
@@ -100,7 +100,7 @@ def gemm(out: Array, a: Array, b: Array, accumulate: bool) -> None:
 
             torch.mm(_as_torch(a), _as_torch(b), out=o)
         return
-    xp: Any = np if isinstance(out, np.ndarray) else __import__("cupy")
+    xp = array_module(out)
     if accumulate:
         out += xp.matmul(a, b)
     else:

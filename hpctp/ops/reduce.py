@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, as_contiguous, backend_name, dtype_kind, is_torch, is_torch_dtype
+from ..backend import Array, array_module, as_contiguous, dtype_kind, is_torch, is_torch_dtype
 from ..comm import ProcessGrid
 from ..ints import is_int
 from ..layout import Layout
@@ -107,7 +107,7 @@ def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
             return torch.sum(x, dim=axes, keepdim=True)
         fn = torch.amax if op == "max" else torch.amin
         return fn(x, dim=axes, keepdim=True)
-    xp = np if backend_name(x) == "numpy" else __import__("cupy")
+    xp = array_module(x)
     if empty:
         dtype = np.sum(np.zeros(1, dtype=x.dtype)).dtype if op == "sum" else x.dtype
         return xp.full(out_shape, _identity(op, x.dtype), dtype=dtype)
