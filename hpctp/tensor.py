@@ -11,13 +11,27 @@ from typing import Any, overload
 import numpy as np
 
 from . import comm as C
-from .backend import BACKENDS, Array, astype, backend_name, check_array, convert, dtype_kind, is_device
+from .backend import (
+    BACKENDS,
+    Array,
+    astype,
+    backend_name,
+    check_array,
+    convert,
+    dtype_kind,
+    is_cupy,
+    is_device,
+    is_torch,
+)
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_name
 from .ints import is_int
 from .layout import Layout
+from .layout.indexing import index_plan
+from .ops.elementwise import ufunc_for
+from .ops.indexing import put_block, take_block
 from .ops.reduce import normalize_axes, reduce_block
-from .ops.transfer import gather_block, redistribute_block
+from .ops.transfer import gather_block, needs_grad, redistribute_block
 
 __all__ = ["DistTensor"]
 
@@ -111,6 +125,86 @@ class DistTensor:
         if isinstance(local, np.generic):  # numpy turns 0-d results into scalars
             local = np.asarray(local)
         return DistTensor(local, self.grid, self.layout if layout is None else layout)
+
+    def with_local(self, block: Array) -> DistTensor:
+        """Local. A tensor of this layout and grid whose block on this rank is ``block``.
+
+        For blockwise results of any function of the backend (``x.with_local(torch.erf(x.local))``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            If ``block`` is not an array of this rank's block shape.
+        """
+        return self._new(block)
+
+    # ------------------------------------------------------------------ indexing
+    def __getitem__(self, key: object) -> DistTensor:
+        """Collective over grid when an int selects along a divided dim, else Local. ``x[key]``.
+
+        Basic indexing as numpy's: ints, slices with positive steps, ``...`` and ``None``;
+        every rank must pass the same key. Sliced dims stay divided over their grid axes
+        (uneven blocks where the selection meets them). An int along a divided dim removes
+        it: the element's owners send it along that grid axis (one redistribution, recorded
+        by autograd for torch blocks), and the result is replicated there.
+
+        Returns
+        -------
+        DistTensor
+            Without communication the block is a view of ``self``'s (as numpy's basic
+            indexing); call ``.copy()`` for independent memory.
+
+        Raises
+        ------
+        TypeError
+            On arrays, lists, bools or floats as indices (advanced indexing).
+        IndexError
+            On an int out of range or too many indices.
+        ValueError
+            On a slice step below 1.
+        """
+        plan = index_plan(self.layout, key)
+        grad = needs_grad(self.local)
+        if plan.moves:  # (ranks that disagree would pair different moves: check first)
+            C.agree_arguments(self.grid.comm, "DistTensor[key]", None, key=plan.entries, requires_grad=grad)
+        return self._new(take_block(self.local, self.grid, plan, grad), plan.result)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        """Local. ``x[key] = value``: each rank writes the part of the selection it holds.
+
+        Parameters
+        ----------
+        key : index
+            As :meth:`__getitem__`.
+        value : scalar, DistTensor or array
+            A number; a DistTensor in the layout of ``x[key]`` (0-d: a number); or a whole
+            numpy/torch/cupy array, the same on every rank, that broadcasts to ``x[key]``'s
+            shape (numpy's rule; each rank uses its part).
+
+        Raises
+        ------
+        TypeError, IndexError, ValueError
+            On a bad key (as :meth:`__getitem__`), a DistTensor value of another layout,
+            grid or backend, or a value that does not broadcast.
+        """
+        plan = index_plan(self.layout, key)
+        op = "x[key] = value"
+        if isinstance(value, (list, tuple)):
+            value = np.asarray(value)
+        if isinstance(value, DistTensor) and value.ndim > 0:
+            self._check_partner(value, op)
+            if value.layout != plan.result:
+                raise ValueError(
+                    f"{op} needs a value in the layout of x[key], {plan.result}; got {value.layout}: "
+                    f"call value.redistribute(that layout) first"
+                )
+            put_block(self.local, plan, self.grid.coords, value.local, "block")
+        elif isinstance(value, (DistTensor, numbers.Number, np.generic)):
+            put_block(self.local, plan, self.grid.coords, self._other(value, op), "scalar")
+        elif isinstance(value, np.ndarray) or is_torch(value) or is_cupy(value):
+            put_block(self.local, plan, self.grid.coords, value, "global")
+        else:
+            raise TypeError(f"{op} needs a number, a DistTensor or an array as value, got {type(value).__name__}")
 
     # ------------------------------------------------------------------ communication
     @overload
@@ -300,15 +394,19 @@ class DistTensor:
         """Backend and memory of the block, as ``DistTensor.to`` names them."""
         return "cuda" if self.backend == "torch" and is_device(self.local) else self.backend
 
+    def _check_partner(self, other: DistTensor, op: str) -> None:
+        """Raise unless ``other`` is on this grid with blocks of this backend and memory."""
+        if other.grid is not self.grid and other.grid.comm != self.grid.comm:
+            raise ValueError(f"'{op}' needs tensors on the same ProcessGrid")
+        if other._place() != self._place():
+            raise TypeError(
+                f"'{op}' needs blocks of one backend, got {self._place()} and {other._place()}; "
+                f"convert one with .to({self._place()!r})"
+            )
+
     def _other(self, other: object, op: str) -> Any:
         if isinstance(other, DistTensor):
-            if other.grid is not self.grid and other.grid.comm != self.grid.comm:
-                raise ValueError(f"'{op}' needs tensors on the same ProcessGrid")
-            if other._place() != self._place():
-                raise TypeError(
-                    f"'{op}' needs blocks of one backend, got {self._place()} and {other._place()}; "
-                    f"convert one with .to({self._place()!r})"
-                )
+            self._check_partner(other, op)
             if other.layout != self.layout:
                 if other.ndim == 0:
                     return other.local
@@ -331,6 +429,40 @@ class DistTensor:
         o = self._other(other, op)
         out = fn(o, self.local) if reflected else fn(self.local, o)
         return self._new(out)
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """Local. numpy's elementwise functions on DistTensors: ``np.exp(x)``, ``np.maximum(x, y)``.
+
+        Each rank applies the ufunc to its blocks (torch blocks: the torch function of the
+        same meaning; cupy blocks: cupy's), with numbers and tensors of the same layout (or
+        0-d ones) as the other operands; ``np.matmul(a, b)`` is ``a @ b`` (collective).
+
+        Raises
+        ------
+        TypeError
+            On reductions and other ufunc methods (use ``x.sum()``, ``x.max()``), ``out=``
+            and other keywords, ufuncs with several outputs, numpy arrays as operands, or a
+            ufunc torch has no counterpart of.
+        ValueError
+            On operands of different layouts or grids.
+        """
+        name = f"numpy.{ufunc.__name__}"
+        if ufunc is np.matmul and method == "__call__" and not kwargs and len(inputs) == 2:
+            a, b = inputs
+            if isinstance(a, DistTensor):
+                return a @ b
+        if method != "__call__" or kwargs or ufunc.nout != 1 or ufunc.signature is not None:
+            used = f"{name}.{method}" if method != "__call__" else name
+            extra = f" with {', '.join(sorted(kwargs))}=" if kwargs else ""
+            raise TypeError(
+                f"{used}{extra} is not supported on DistTensors: elementwise calls with one output and no "
+                f"keywords are (for reductions use x.sum(), x.max(), x.min(), x.mean())"
+            )
+        inputs = tuple(a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in inputs)  # numpy scalars
+        tensors = [a for a in inputs if isinstance(a, DistTensor)]
+        ref = next((t for t in tensors if t.ndim > 0), tensors[0])
+        args = [ref.local if a is ref else ref._other(a, name) for a in inputs]
+        return ref._new(ufunc_for(ufunc, ref.local)(*args))
 
     def __add__(self, other: object) -> DistTensor:
         return self._binary(other, operator.add, "+")

@@ -155,6 +155,17 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         want = hpctp.fft.radial_spectrum(x.to("numpy"))
         assert_allclose(grid2d, e, want, rtol=1e-12, atol=1e-12, what="radial_spectrum vs numpy blocks")
         assert_allclose(grid2d, e.sum(), (a**2).mean(), rtol=1e-12, what="Parseval")
+        row = x[4, 1::2]  # an int along a divided dim: the row's owners send it along grid axis 0
+        assert_all(grid2d, kind.holds(row.local), "x[int, slice] keeps the kind")
+        assert_equal(grid2d, row.gather(None), a[4, 1::2], "x[4, 1::2]")
+        u = np.hypot(np.sin(x), 2.0)  # numpy ufuncs on the device blocks (torch's or cupy's functions)
+        assert_all(grid2d, kind.holds(u.local), "numpy ufuncs keep the kind")
+        assert_allclose(grid2d, u.gather(None), np.hypot(np.sin(a), 2.0), rtol=1e-14, what="hypot(sin(x), 2)")
+        y = x.copy()
+        y[2:, 3] = np.arange(7.0)  # a host value written into the device blocks
+        want = a.copy()
+        want[2:, 3] = np.arange(7.0)
+        assert_equal(grid2d, y.gather(None), want, "x[2:, 3] = host array")
 
     _twice_with_reused_staging(grid2d, kind, run)
 

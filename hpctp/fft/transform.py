@@ -13,7 +13,7 @@ from .. import comm as C
 from ..backend import array_module, backend_name, dtype_kind, empty_like_backend
 from ..ints import is_int
 from ..layout import Layout, normalize_split
-from ..ops.transfer import redistribute_block
+from ..ops.transfer import move_block, needs_grad
 from ..tensor import DistTensor
 from .plan import fft_plan, normalize_fft_axes, step_layout
 
@@ -44,24 +44,6 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
     if name == "torch" and x.requires_grad:  # keep the (empty) block in the graph: its backward is collective
         out = out + x.abs().sum() * 0  # (a real zero: an irfft's output stays real)
     return out
-
-
-def _needs_grad(block: Any) -> bool:
-    """True for a torch block that autograd records an FFT of."""
-    if backend_name(block) != "torch":
-        return False
-    import torch
-
-    return bool(block.requires_grad and torch.is_grad_enabled())
-
-
-def _move(block: Any, grid: Any, src: Layout, dst: Layout, grad: bool) -> Any:
-    """``block`` from ``src`` to ``dst`` (one Alltoallv); differentiable when ``grad``."""
-    if not grad:
-        return redistribute_block(block, grid, src, dst)
-    from ..nn.autograd_comm import Redistribute  # (torch is loaded: the block is a torch tensor)
-
-    return Redistribute.apply(block.contiguous(), grid, src, dst)
 
 
 def _run(
@@ -106,7 +88,7 @@ def _run(
         error = e
     if not isinstance(x, DistTensor):  # no communicator to tell the other ranks
         raise error if error is not None else TypeError(f"{what} needs a hpctp.DistTensor")
-    grad = _needs_grad(x.local)
+    grad = needs_grad(x.local)
     C.agree_arguments(
         x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last, requires_grad=grad
     )  # (a backward on some ranks only would wait forever in its moves)
@@ -116,7 +98,7 @@ def _run(
     for i, step in enumerate(steps):
         want = step_layout(lay, lay.global_shape, step.split, step.grid_dims or grid.dims)
         if want != lay:
-            block, lay = _move(block, grid, lay, want, grad), want
+            block, lay = move_block(block, grid, lay, want, grad), want
         kind, n = base, None
         if (half == "rfft" and i == 0) or (half == "irfft" and i == len(steps) - 1):
             kind, n = half, n_last
@@ -125,7 +107,7 @@ def _run(
         new_shape[step.axis] = int(block.shape[step.axis])
         lay = step_layout(lay, new_shape, step.split)
     if out_layout != lay:
-        block = _move(block, grid, lay, out_layout, grad)
+        block = move_block(block, grid, lay, out_layout, grad)
     return DistTensor(block, grid, out_layout)
 
 

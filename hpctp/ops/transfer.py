@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, copy_into, empty_bytes, empty_like_backend, from_bytes, pack
+from ..backend import Array, copy_into, empty_bytes, empty_like_backend, from_bytes, is_torch, pack
 from ..comm import ProcessGrid
 from ..layout import Layout, grid_coords, redistribution_plan
 
-__all__ = ["redistribute_block", "gather_block", "scatter_block", "itemsize"]
+__all__ = ["redistribute_block", "move_block", "needs_grad", "gather_block", "scatter_block", "itemsize"]
 
 
 def itemsize(x: Array) -> int:
@@ -50,6 +50,29 @@ def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout
         copy_into(out[(*p.slices, ...)], from_bytes(recvbuf[offset : offset + n], local.dtype, shape))
         offset += n
     return out
+
+
+def needs_grad(block: Array) -> bool:
+    """Local. True for a torch block that autograd records operations on."""
+    if not is_torch(block):
+        return False
+    import torch  # (loaded: the block is a torch tensor)
+
+    return bool(block.requires_grad and torch.is_grad_enabled())
+
+
+def move_block(block: Array, grid: ProcessGrid, src: Layout, dst: Layout, grad: bool) -> Array:
+    """Collective over grid. :func:`redistribute_block`, differentiable when ``grad``.
+
+    With ``grad`` (see :func:`needs_grad`; every rank must pass the same) the move is the
+    autograd node :class:`hpctp.nn.autograd_comm.Redistribute`, whose backward moves the
+    gradient back from ``dst`` to ``src``.
+    """
+    if not grad:
+        return redistribute_block(block, grid, src, dst)
+    from ..nn.autograd_comm import Redistribute  # (nn builds on this module: imported when needed)
+
+    return Redistribute.apply(block.contiguous(), grid, src, dst)  # type: ignore[union-attr]
 
 
 def gather_block(local: Array, grid: ProcessGrid, layout: Layout, root: int | None = 0) -> Array | None:

@@ -1,0 +1,250 @@
+"""x[key], x[key] = value and numpy ufuncs on DistTensors against numpy/torch on the gathered tensor."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from test_conv_common import make_layout
+
+import hpctp
+from hpctp.layout import Layout
+from hpctp.layout.indexing import index_plan
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+SHAPE = (7, 5, 6)
+KEYS = [
+    (),
+    (slice(None),),
+    (slice(1, 6, 2), 3, slice(None, None, 4)),
+    (Ellipsis, 2),
+    (None, -4, Ellipsis, None),
+    (-1, -2, -3),
+    (slice(2, 2),),
+    (slice(10, 20), slice(-3, None)),
+    (slice(0, 7, 3), slice(1, 4), 5),
+    (np.int64(3), Ellipsis),
+    (slice(1, None), None, slice(None, -1, 2)),
+    4,
+]
+
+
+def _global(shape: tuple[int, ...]) -> np.ndarray:
+    return np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) * 0.5 - 7.0
+
+
+def _tensor(
+    grid: hpctp.ProcessGrid, split: tuple[int | None, ...], skew: bool, backend: str = "numpy"
+) -> hpctp.DistTensor:
+    lay = make_layout(grid, SHAPE, split, skew)
+    x = hpctp.DistTensor(_global(SHAPE)[lay.local_slices(grid.coords)].copy(), grid, lay)
+    return x.to(backend)
+
+
+def _splits(grid: hpctp.ProcessGrid) -> list[tuple[int | None, ...]]:
+    axes = list(range(grid.ndim))
+    out = [(None,) * 3]
+    out += [tuple(axes[:3]) + (None,) * (3 - min(3, grid.ndim))]
+    out += [(None,) + tuple(reversed(axes[:2])) + (None,) * (2 - min(2, grid.ndim))]
+    return out
+
+
+# ---------------------------------------------------------------------------- pure block math
+@pytest.mark.parametrize("dims", [(1,), (3,), (3, 2), (2, 1, 3)])
+def test_plan_blocks_tile_the_numpy_selection(dims: tuple[int, ...]) -> None:
+    """Every block's local_key selects its block of the selection, and the result has numpy's shape."""
+    a = _global(SHAPE)
+    split = tuple(range(len(dims))) + (None,) * (3 - len(dims))
+    for skew, key in itertools.product((False, True), KEYS):
+        cuts = ((0, 1, 1, 7), None, None) if skew and dims[0] == 3 else ()
+        lay = Layout(SHAPE, dims, split, cuts)
+        plan = index_plan(lay, key)
+        assert plan.result.global_shape == a[key].shape, key
+        sel = a[plan.selections]
+        for coords in itertools.product(*(range(g) for g in dims)):
+            got = a[lay.local_slices(coords)][plan.local_key(coords)]
+            np.testing.assert_array_equal(got, sel[plan.sliced.local_slices(coords)], err_msg=f"{key} at {coords}")
+        divided_int = any(
+            not isinstance(e, slice) and lay.parts(d) > 1
+            for d, e in enumerate(e for e in plan.entries if e is not None)
+        )
+        assert plan.moves == divided_int, key
+
+
+def test_plan_refuses_bad_keys() -> None:
+    lay = Layout(SHAPE, (2,), (0, None, None))
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dim 0 of size 7"):
+        index_plan(lay, 7)
+    with pytest.raises(IndexError, match="index -6 is out of bounds for dim 1 of size 5"):
+        index_plan(lay, (0, -6))
+    with pytest.raises(IndexError, match="too many indices .* 3 dims: 4"):
+        index_plan(lay, (0, 0, 0, 0))
+    with pytest.raises(IndexError, match="single ellipsis"):
+        index_plan(lay, (Ellipsis, 0, Ellipsis))
+    with pytest.raises(ValueError, match="slice step must be positive, got -1 in dim 1"):
+        index_plan(lay, (slice(None), slice(None, None, -1)))
+    with pytest.raises(ValueError, match="step must be positive, got 0"):
+        index_plan(lay, slice(None, None, 0))
+    for bad in ([0, 1], np.array([1, 2]), True, np.bool_(False), 1.0):
+        with pytest.raises(TypeError, match="ints, slices, ... or None"):
+            index_plan(lay, bad)
+    with pytest.raises(TypeError, match="slice stop must be an int or None, got float"):
+        index_plan(lay, slice(0, 2.5))
+
+
+# ---------------------------------------------------------------------------- x[key]
+@pytest.mark.mpi
+def test_getitem_equals_numpy(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global(SHAPE)
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x = _tensor(grid2d, split, skew)
+        for key in KEYS:
+            y = x[key]
+            assert_equal(grid2d, y.gather(None), a[key], f"split={split} skew={skew} key={key}")
+            assert_all(grid2d, y.layout.global_shape == a[key].shape, f"{key}: {y.layout}")
+
+
+@pytest.mark.mpi
+def test_getitem_3d_grid_torch(grid3d: hpctp.ProcessGrid) -> None:
+    a = torch.from_numpy(_global(SHAPE))
+    x = _tensor(grid3d, (0, 1, 2), True, "torch")
+    for key in KEYS:
+        assert_equal(grid3d, x[key].gather(None), a[key], f"key={key}")
+
+
+@pytest.mark.mpi
+def test_getitem_views_and_moves(grid2d: hpctp.ProcessGrid) -> None:
+    """Slices are views of the block and move nothing; an int along a divided dim replicates the row."""
+    x = _tensor(grid2d, (0, 1, None), False)
+    with hpctp.CommCounter() as sliced:
+        y = x[1:5, ::2]
+    view = y.local.size == 0 or np.shares_memory(y.local, x.local)
+    assert_all(grid2d, not sliced.calls and view, f"a view, no messages: {sliced}")
+    row = x[3]
+    assert_all(grid2d, row.split == (1, None) and 0 in row.layout.replicated_axes, str(row.layout))
+    assert_equal(grid2d, row.local, _global(SHAPE)[3][row.local_slices], "every rank holds its part of the row")
+
+
+@pytest.mark.mpi
+def test_getitem_gradient(grid2d: hpctp.ProcessGrid) -> None:
+    """d/dX sum(W * X[key]) on the blocks equals torch's on the gathered tensor."""
+    w_full = torch.from_numpy(np.cos(_global(SHAPE)))
+    for key in ((2, slice(1, 4)), (slice(None, None, 2), -1, None), (6, 4, 5), (slice(1, 6, 3),)):
+        x = _tensor(grid2d, (0, 1, None), True, "torch")
+        x.local.requires_grad_(True)
+        y = x[key]
+        w = w_full[key]
+        (y.local * w[y.local_slices]).sum().backward()
+        ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
+        (ref[key] * w).sum().backward()
+        assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=0, what=f"key={key}")
+
+
+@pytest.mark.mpi
+def test_getitem_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    x = _tensor(grid2d, (0, 1, None), True)
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[0, 5]
+    with pytest.raises(TypeError, match="advanced"):
+        x[[0, 1]]
+    with pytest.raises(ValueError, match="positive"):
+        x[::-1]
+    if grid2d.dims[0] > 1:
+        with pytest.raises(ValueError, match=r"DistTensor\[key\]: ranks passed different key"):
+            x[grid2d.rank % 2]
+
+
+# ---------------------------------------------------------------------------- x[key] = value
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_setitem_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    cases = [
+        ((0,), 7.5),
+        ((slice(1, 6, 2), 3), np.arange(3.0)[:, None] + 100),
+        ((Ellipsis, 2), np.arange(5.0)[None, :] * -1),
+        ((slice(None), slice(1, 4), slice(0, 6, 5)), np.array([[1.0], [2.0], [3.0]])),
+        ((6, 4, 5), np.float64(-2.0)),
+        ((None, 3, slice(2, None)), [[9.0] * 6] * 3),
+    ]
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        a = _global(SHAPE)
+        x = _tensor(grid2d, split, skew, backend)
+        for key, value in cases:
+            a[key] = value
+            x[key] = torch.as_tensor(value) if backend == "torch" and isinstance(value, np.ndarray) else value
+        assert_equal(grid2d, x.gather(None), a, f"split={split} skew={skew}")
+
+
+@pytest.mark.mpi
+def test_setitem_from_disttensors(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global(SHAPE)
+    x = _tensor(grid2d, (0, 1, None), True)
+    for key in ((2,), (slice(1, 6, 2), slice(None), 3), (Ellipsis, None, 1)):
+        x[key] = x[key] * 3 + 1
+        a[key] = a[key] * 3 + 1
+    x[4, 2] = x.max()  # a replicated 0-d tensor is a number
+    a[4, 2] = a.max()
+    assert_equal(grid2d, x.gather(None), a)
+    with pytest.raises(ValueError, match="layout of x\\[key\\]"):
+        x[1:3] = x[2:4].redistribute((None, None, None)) if grid2d.size > 1 else x[1:4]
+    with pytest.raises(TypeError, match="one backend"):
+        x[1] = x[1].to("torch")
+    with pytest.raises(
+        ValueError, match=r"could not broadcast a value of shape \(4,\) into x\[key\] of shape \(5, 6\)"
+    ):
+        x[0] = np.zeros(4)
+    with pytest.raises(TypeError, match="a number, a DistTensor or an array"):
+        x[0] = "zero"
+
+
+# ---------------------------------------------------------------------------- numpy ufuncs
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_ufuncs_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    a = _global(SHAPE)
+    b = np.sin(a) * 3
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x = _tensor(grid2d, split, skew, backend)
+        y = x.with_local(x.local * 0 + (torch.from_numpy(b) if backend == "torch" else b)[x.local_slices])
+        s = x.sum()
+        cases = {
+            "exp": (np.exp(x), np.exp(a)),
+            "sqrt|x|": (np.sqrt(np.abs(x)), np.sqrt(np.abs(a))),
+            "arctan2 scalar": (np.arctan2(x, 2.0), np.arctan2(a, 2.0)),
+            "arctan2 scalar left": (np.arctan2(2.0, x), np.arctan2(2.0, a)),
+            "maximum": (np.maximum(x, y), np.maximum(a, b)),
+            "hypot 0-d": (np.hypot(s, y), np.hypot(a.sum(), b)),
+            "power": (np.power(x, 2), a**2),
+            "equal": (np.equal(x, y), a == b),
+            "isfinite": (np.isfinite(x / 0.5), np.isfinite(a / 0.5)),
+            "numpy scalar + x": (np.float64(2.5) + x, 2.5 + a),
+            "numpy scalar < x": (np.float64(-0.5) < x, -0.5 < a),
+            "tanh": (np.tanh(x * 0.1), np.tanh(a * 0.1)),
+        }
+        for what, (got, want) in cases.items():
+            assert_all(grid2d, got.backend == backend and got.layout == x.layout, what)
+            assert_allclose(grid2d, got.gather(None), want, rtol=1e-15, atol=0, what=f"{what} split={split}")
+
+
+@pytest.mark.mpi
+def test_ufunc_matmul_and_errors(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global((6, 4))
+    x = hpctp.distribute(a, grid2d, (0, 1))
+    z = hpctp.distribute(a.T.copy(), grid2d, (0, 1))
+    assert_allclose(grid2d, np.matmul(x, z).gather(None), a @ a.T, rtol=1e-14)
+    with pytest.raises(TypeError, match=r"numpy.add.reduce is not supported .* x.sum\(\)"):
+        np.add.reduce(x)
+    with pytest.raises(TypeError, match="numpy.exp with out= is not supported"):
+        np.exp(x, out=x)
+    with pytest.raises(TypeError, match="numpy.divmod is not supported"):
+        np.divmod(x, 2)
+    with pytest.raises(TypeError, match="unsupported operand .* ndarray"):
+        np.add(x, a)
+    with pytest.raises(ValueError, match="same layout"):
+        np.maximum(x, x.redistribute((1, 0)) if grid2d.size > 1 else x[1:])
+    with pytest.raises(TypeError, match="numpy.spacing has no torch counterpart"):
+        np.spacing(x.to("torch"))
+    with pytest.raises(ValueError, match="expects"):
+        x.with_local(np.zeros((99, 1)))
