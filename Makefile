@@ -1,7 +1,7 @@
 # hpctp: the two commands a newcomer runs (see README):
 #   make demo   -- create .venv, install everything, run the main job on 4 ranks:
 #                  simulate -> train the surrogate -> evaluate -> plot (apps/pipeline.py)
-#   make test   -- create .venv if needed, run the whole test suite on 1, 2, 3 and 4 ranks, then
+#   make test   -- create .venv if needed, run the whole test suite on 1, 2, 3, 4 and 6 ranks, then
 #                  the IO tests again with h5py on parallel HDF5 (MPI-IO; tests/run_mpio.sh)
 PYTHON ?= python3
 VENV   ?= .venv

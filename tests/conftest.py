@@ -1,6 +1,6 @@
 """Multi-rank pytest harness.
 
-* One test command runs the suite on 1 rank and (``-m mpi``) on 2, 3 and 4 ranks.
+* One test command runs the suite on 1 rank and (``-m mpi``) on 2, 3, 4 and 6 ranks.
 * Fixtures ``grid1d``/``grid2d``/``grid3d`` are parametrised with every grid shape of the
   current communicator size, so each run covers all its grids without skips.
 * Collective assertions (``hpctp.testing``) fail on all ranks together. Any other
