@@ -33,6 +33,7 @@ core-demo: install
 test: test-main test-mpio
 
 test-main: install
+	bash tests/system_deps.sh
 	bash tests/run_all.sh
 
 # builds .venv-mpio once (mpi4py + h5py against the system's parallel HDF5; apt-get as root)

@@ -36,6 +36,30 @@ from .ops.transfer import gather_block, needs_grad, redistribute_block
 __all__ = ["DistTensor"]
 
 
+def _arithmetic(fn: Callable[[Any, Any], Any], op: str) -> tuple[Callable[..., DistTensor], Callable[..., DistTensor]]:
+    """Local. The operator ``op`` and its reflected form, elementwise on the blocks."""
+
+    def forward(self: DistTensor, other: object) -> DistTensor:
+        return self._binary(other, fn, op)
+
+    def reflected(self: DistTensor, other: object) -> DistTensor:
+        return self._binary(other, fn, op, reflected=True)
+
+    return forward, reflected
+
+
+def _comparison(fn: Callable[[Any, Any], Any], op: str) -> Callable[..., Any]:
+    """Local. The comparison ``op``: a boolean tensor; operands that are neither numbers nor
+    DistTensors are left to Python (``x == None`` is False)."""
+
+    def compare(self: DistTensor, other: object) -> Any:
+        if not isinstance(other, (DistTensor, numbers.Number, np.generic)):
+            return NotImplemented
+        return self._binary(other, fn, op)
+
+    return compare
+
+
 class DistTensor:
     """Local. A global tensor cut into blocks over a :class:`~hpctp.ProcessGrid`.
 
@@ -291,8 +315,19 @@ class DistTensor:
         local, layout = reduce_block(self.local, self.grid, self.layout, op, axis, keepdims)
         return self._new(local, layout)
 
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
+    def _numpy_style(self, what: str, dtype: object, out: object) -> DistTensor:
+        """``self`` in ``dtype`` (None: as is) for a reduction called as numpy calls it
+        (``np.sum(x)`` calls ``x.sum(axis=None, out=None)``); ``out=`` is refused."""
+        if out is not None:
+            raise TypeError(f"{what}(out=...) is not supported on DistTensors: use the returned tensor")
+        return self if dtype is None else self.astype(dtype)
+
+    def sum(
+        self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, dtype: object = None, out: None = None
+    ) -> DistTensor:
         """Collective over grid. Sum over ``axis`` (all dims if None).
+
+        ``np.sum(x, axis)`` calls this too; ``dtype`` converts the blocks first, ``out`` must be None.
 
         Returns
         -------
@@ -300,25 +335,33 @@ class DistTensor:
             Reduced dims are removed (kept with size 1 if ``keepdims``); the result is
             replicated along the grid axes that split them.
         """
+        if dtype is not None or out is not None:
+            return self._numpy_style("sum", dtype, out).sum(axis, keepdims)
         if self._is_half():  # accumulate in float32, round to 16 bits once
             return self.astype("float32")._reduce("sum", axis, keepdims).astype(self.local.dtype)
         return self._reduce("sum", axis, keepdims)
 
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
-        """Collective over grid. Maximum over ``axis``; layout as for :meth:`sum`."""
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
+        """Collective over grid. Maximum over ``axis`` (also ``np.max(x)``); layout as for :meth:`sum`."""
+        self._numpy_style("max", None, out)
         self._check_nonempty(axis, "max")
         return self._reduce("max", axis, keepdims)
 
-    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
-        """Collective over grid. Minimum over ``axis``; layout as for :meth:`sum`."""
+    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
+        """Collective over grid. Minimum over ``axis`` (also ``np.min(x)``); layout as for :meth:`sum`."""
+        self._numpy_style("min", None, out)
         self._check_nonempty(axis, "min")
         return self._reduce("min", axis, keepdims)
 
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
-        """Collective over grid. Mean over ``axis``; layout as for :meth:`sum`.
+    def mean(
+        self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, dtype: object = None, out: None = None
+    ) -> DistTensor:
+        """Collective over grid. Mean over ``axis`` (also ``np.mean(x)``); layout as for :meth:`sum`.
 
         Integer tensors give float64 (float32 stays float32; float16/bfloat16 are summed and
-        divided in float32, then rounded once)."""
+        divided in float32, then rounded once); ``dtype`` converts the blocks first."""
+        if dtype is not None or out is not None:
+            return self._numpy_style("mean", dtype, out).mean(axis, keepdims)
         axes = normalize_axes(axis, self.ndim)
         count = math.prod(self.global_shape[d] for d in axes)
         if self._is_half():
@@ -464,74 +507,24 @@ class DistTensor:
         args = [ref.local if a is ref else ref._other(a, name) for a in inputs]
         return ref._new(ufunc_for(ufunc, ref.local)(*args))
 
-    def __add__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.add, "+")
-
-    def __radd__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.add, "+", reflected=True)
-
-    def __sub__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.sub, "-")
-
-    def __rsub__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.sub, "-", reflected=True)
-
-    def __mul__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.mul, "*")
-
-    def __rmul__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.mul, "*", reflected=True)
-
-    def __truediv__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.truediv, "/")
-
-    def __rtruediv__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.truediv, "/", reflected=True)
-
-    def __pow__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.pow, "**")
-
-    def __rpow__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.pow, "**", reflected=True)
-
-    def __floordiv__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.floordiv, "//")
-
-    def __rfloordiv__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.floordiv, "//", reflected=True)
-
-    def __mod__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.mod, "%")
-
-    def __rmod__(self, other: object) -> DistTensor:
-        return self._binary(other, operator.mod, "%", reflected=True)
+    __add__, __radd__ = _arithmetic(operator.add, "+")
+    __sub__, __rsub__ = _arithmetic(operator.sub, "-")
+    __mul__, __rmul__ = _arithmetic(operator.mul, "*")
+    __truediv__, __rtruediv__ = _arithmetic(operator.truediv, "/")
+    __pow__, __rpow__ = _arithmetic(operator.pow, "**")
+    __floordiv__, __rfloordiv__ = _arithmetic(operator.floordiv, "//")
+    __mod__, __rmod__ = _arithmetic(operator.mod, "%")
 
     # comparisons give boolean tensors of the same layout, as numpy and torch; operands
     # that are neither numbers nor DistTensors are left to Python (``x == None`` is False)
     __hash__ = None  # type: ignore[assignment]  # elementwise ==, as numpy arrays: not hashable
 
-    def _compare(self, other: object, fn: Callable[[Any, Any], Any], op: str) -> Any:
-        if not isinstance(other, (DistTensor, numbers.Number, np.generic)):
-            return NotImplemented
-        return self._binary(other, fn, op)
-
-    def __eq__(self, other: object) -> Any:  # type: ignore[override]
-        return self._compare(other, operator.eq, "==")
-
-    def __ne__(self, other: object) -> Any:  # type: ignore[override]
-        return self._compare(other, operator.ne, "!=")
-
-    def __lt__(self, other: object) -> Any:
-        return self._compare(other, operator.lt, "<")
-
-    def __le__(self, other: object) -> Any:
-        return self._compare(other, operator.le, "<=")
-
-    def __gt__(self, other: object) -> Any:
-        return self._compare(other, operator.gt, ">")
-
-    def __ge__(self, other: object) -> Any:
-        return self._compare(other, operator.ge, ">=")
+    __eq__ = _comparison(operator.eq, "==")  # type: ignore[assignment]
+    __ne__ = _comparison(operator.ne, "!=")  # type: ignore[assignment]
+    __lt__ = _comparison(operator.lt, "<")
+    __le__ = _comparison(operator.le, "<=")
+    __gt__ = _comparison(operator.gt, ">")
+    __ge__ = _comparison(operator.ge, ">=")
 
     def __matmul__(self, other: object) -> DistTensor:
         """Collective over grid. Distributed matrix product, see :func:`hpctp.linalg.matmul`."""

@@ -4,7 +4,7 @@
 # more than one rank) run on 1, 2, 3 and 4 ranks. The main .venv has PyPI's h5py, which has no MPI.
 #
 # Parallel HDF5 comes from the system, as on a cluster (`module load hdf5/parallel`):
-#   Debian/Ubuntu: libhdf5-mpich-dev (installed here with apt-get when run as root), or set
+#   Debian/Ubuntu: libhdf5-mpich-dev (installed by tests/system_deps.sh when run as root), or set
 #   HDF5_PKGCONFIG_NAME (pkg-config name) or HDF5_DIR, plus MPICC and MPIEXEC of the same MPI.
 # mpi4py and h5py are compiled against that MPI and HDF5 (about 5 minutes on 2 cores) into
 # .venv-mpio, once; later runs reuse it. mpi4py is built at -O1: its one large C file needs a few
@@ -30,12 +30,7 @@ have_parallel_hdf5() {
 }
 
 if ! have_parallel_hdf5; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "=== installing parallel HDF5 (Debian libhdf5-mpich-dev) ==="
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q libhdf5-mpich-dev pkg-config >/dev/null \
-      || { apt-get update -q >/dev/null && apt-get install -y -q libhdf5-mpich-dev pkg-config >/dev/null; }
-  fi
+  bash tests/system_deps.sh libhdf5-mpich-dev pkg-config
   if ! have_parallel_hdf5; then
     echo "run_mpio.sh: no parallel HDF5 found (pkg-config $HDF5_PKGCONFIG_NAME, MPICC=$MPICC)." >&2
     echo "  Install libhdf5-mpich-dev (Debian/Ubuntu), or set HDF5_DIR or HDF5_PKGCONFIG_NAME," >&2

@@ -20,7 +20,8 @@ from apps.surrogate.spectrum import band_errors, high_band_loss, high_band_mask
 from apps.surrogate.train import fit_delta_scale, make_optimizer, train_step
 from hpctp.io import FieldLoader
 from hpctp.log import get_logger
-from hpctp.testing import assert_allclose
+from hpctp.nn import check_replicas
+from hpctp.testing import assert_all, assert_allclose
 
 TINY = Path(__file__).resolve().parent.parent / "apps" / "configs" / "tiny.toml"
 
@@ -96,6 +97,8 @@ def test_training_matches_single_process_torch(
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_allclose(grid2d, p.detach(), q.detach(), rtol=1e-8, atol=1e-12, what=f"parameter {name}")
     assert math.isfinite(losses[-1])
+    drift = check_replicas(model, grid2d)
+    assert_all(grid2d, drift == {}, f"replicated parameters differ bitwise after training: {drift}")
 
 
 def _high_band_ref(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

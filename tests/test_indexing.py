@@ -248,3 +248,28 @@ def test_ufunc_matmul_and_errors(grid2d: hpctp.ProcessGrid) -> None:
         np.spacing(x.to("torch"))
     with pytest.raises(ValueError, match="expects"):
         x.with_local(np.zeros((99, 1)))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_numpy_reductions_call_the_collective_ones(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    """np.sum(x), np.mean(x, axis), np.max/np.min: numpy calls the DistTensor's methods."""
+    a = _global(SHAPE)
+    x = _tensor(grid2d, (0, 1, None), True, backend)
+    cases = {
+        "np.sum": (np.sum(x), a.sum()),
+        "np.sum axis keepdims": (np.sum(x, axis=(0, 2), keepdims=True), a.sum(axis=(0, 2), keepdims=True)),
+        "np.mean axis 1": (np.mean(x, axis=1), a.mean(axis=1)),
+        "np.max axis 0": (np.max(x, axis=0), a.max(axis=0)),
+        "np.min": (np.min(x), a.min()),
+        "sum dtype": (x.sum(dtype="float32"), a.astype(np.float32).sum()),
+        "np.mean dtype": (np.mean(x, dtype="float32"), a.astype(np.float32).mean()),
+    }
+    for what, (got, want) in cases.items():
+        assert_all(grid2d, isinstance(got, hpctp.DistTensor) and got.backend == backend, what)
+        rtol = 1e-6 if "dtype" in what else 1e-14
+        assert_allclose(grid2d, got.gather(None), want, rtol=rtol, atol=0, what=what)
+    with pytest.raises(TypeError, match=r"sum\(out=...\) is not supported"):
+        np.sum(x, out=x)
+    with pytest.raises(TypeError, match=r"max\(out=...\) is not supported"):
+        x.max(out=x)

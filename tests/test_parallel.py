@@ -10,7 +10,7 @@ from hpctp.layout import Layout
 from hpctp.nn.autograd_comm import allreduce_sum, redistribute, sum_gradients
 from hpctp.nn.loss import global_mse_loss
 from hpctp.nn.norm import BatchNorm2d
-from hpctp.nn.parallel import broadcast_parameters, gradient_buckets, sync_gradients
+from hpctp.nn.parallel import broadcast_parameters, check_replicas, gradient_buckets, sync_gradients
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 F64 = torch.float64
@@ -97,6 +97,36 @@ def test_broadcast_parameters(grid2d) -> None:  # type: ignore[no-untyped-def]
         assert_equal(grid2d, a, b, what=n)
     with pytest.raises(ValueError, match="root"):
         broadcast_parameters(m, grid2d, root=grid2d.size)
+
+
+@pytest.mark.mpi
+def test_check_replicas_finds_the_ranks_that_drifted(grid2d) -> None:  # type: ignore[no-untyped-def]
+    m = Mixed(grid2d)
+    m.register_buffer("stat", torch.arange(3, dtype=torch.bfloat16))
+    with torch.no_grad():
+        m.s.fill_(float(grid2d.coords[0]))  # a different block per coordinate of axis 0: not a drift
+    assert_all(grid2d, check_replicas(m, grid2d) == {}, "identical replicas")
+    last = grid2d.size - 1
+    with torch.no_grad():
+        if grid2d.rank == last:
+            m.b[1, 0] += 1e-12  # one bit is enough
+            m.stat[2] = -1
+            m.s[0] += 1
+    got = check_replicas(m, grid2d)
+    axis0 = [r for r in range(grid2d.size) if grid2d.coords_of(r)[0] == grid2d.coords_of(last)[0]]
+    want = {"b": [last], "stat": [last]} if grid2d.size > 1 else {}
+    if len(axis0) > 1:  # the sharded block is replicated along axis 1: its other copies are there
+        want["s"] = [last]
+    assert_all(grid2d, got == want, f"{got} != {want}")
+    broadcast_parameters(m, grid2d, root=0)  # replicated copies equal again; the sharded one is left alone
+    assert_all(grid2d, check_replicas(m, grid2d) == ({"s": [last]} if "s" in want else {}), "after broadcast")
+    if grid2d.size > 1:
+        extra = torch.nn.Linear(1, 1) if grid2d.rank == 0 else torch.nn.Linear(1, 1, bias=False)
+        with pytest.raises(ValueError, match="check_replicas: ranks passed different names"):
+            check_replicas(extra, grid2d)
+    m.s.hpctp_layout = Layout((2,), (grid2d.size,), (0,))  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="parameter 's': hpctp_layout must be a Layout on a grid of dims"):
+        check_replicas(m, grid2d)
 
 
 @pytest.mark.mpi

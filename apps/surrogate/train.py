@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 import hpctp
 from hpctp.io import FieldLoader, load_checkpoint, save_checkpoint
-from hpctp.nn import global_mse_loss, sync_gradients
+from hpctp.nn import check_replicas, global_mse_loss, sync_gradients
 
 from .blocks import pointwise
 from .data import open_pairs
@@ -128,6 +128,9 @@ def train(
         if (epoch + 1) % int(tcfg["checkpoint_every"]) == 0 or epoch + 1 == epochs:
             save_checkpoint(ckpt, model, opt, step, grid)
             log.info("checkpoint %s (step %d)", ckpt, step)
+            drift = check_replicas(model, grid)  # every rank must still hold the same model
+            if drift:
+                log.warning("replicated parameters differ between ranks (name: ranks): %s", drift)
     if grid.rank == 0:
         with open(run / "history.csv", "a") as f:
             for v in history:

@@ -11,7 +11,7 @@ from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, Conv
 from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
 from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
-from .parallel import broadcast_parameters, sync_gradients
+from .parallel import broadcast_parameters, check_replicas, sync_gradients
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from .upsample import Upsample
@@ -42,6 +42,7 @@ __all__ = [
     "Upsample",
     "allreduce_sum",
     "broadcast_parameters",
+    "check_replicas",
     "functional",
     "global_l1_loss",
     "global_mean",

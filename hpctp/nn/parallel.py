@@ -21,33 +21,41 @@ skipped, so one ``sync_gradients(model, grid)`` is right for models mixing both 
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .. import comm as C
+from ..backend import byte_view, to_numpy
 from ..comm import ProcessGrid
 from ..ints import is_int
 from ..layout import Layout
 from .autograd_comm import check_grid, comms_for_axes, normalize_axes
 
-__all__ = ["sync_gradients", "broadcast_parameters", "gradient_buckets"]
+__all__ = ["sync_gradients", "broadcast_parameters", "gradient_buckets", "check_replicas"]
 
 BucketKey = tuple[torch.device, torch.dtype, tuple[int, ...]]
 
 
-def _reduce_axes(p: torch.nn.Parameter, grid: ProcessGrid, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
-    done = tuple(getattr(p, "hpctp_grad_reduced", ()))  # completed by the layer's own backward
-    axes = tuple(a for a in axes if a not in done)
-    layout = getattr(p, "hpctp_layout", None)
+def _replica_axes(t: torch.Tensor, name: str, grid: ProcessGrid) -> tuple[int, ...]:
+    """The grid axes along which ``t`` must be identical: all of them unless it is sharded."""
+    layout = getattr(t, "hpctp_layout", None)
     if layout is None:
-        return axes
+        return tuple(range(grid.ndim))
     if not isinstance(layout, Layout) or layout.grid_dims != grid.dims:
         raise ValueError(
             f"parameter {name!r}: hpctp_layout must be a Layout on a grid of dims {grid.dims}, got {layout}"
         )
-    return tuple(a for a in layout.replicated_axes if a in axes)
+    return layout.replicated_axes
+
+
+def _reduce_axes(p: torch.nn.Parameter, grid: ProcessGrid, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
+    done = tuple(getattr(p, "hpctp_grad_reduced", ()))  # completed by the layer's own backward
+    replicas = _replica_axes(p, name, grid)
+    return tuple(a for a in axes if a not in done and a in replicas)
 
 
 def gradient_buckets(
@@ -194,3 +202,58 @@ def broadcast_parameters(module: torch.nn.Module, grid: ProcessGrid, root: int =
             for t in ts:
                 t.copy_(buf[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
+
+
+def check_replicas(module: torch.nn.Module, grid: ProcessGrid) -> dict[str, list[int]]:
+    """Collective over grid. The parameters and buffers whose copies differ between ranks.
+
+    A replicated parameter or buffer must be bitwise identical on every rank, a sharded one
+    (with ``hpctp_layout``) on the ranks along its layout's replicated axes: otherwise the
+    ranks compute with different models and the result matches no single-process one. This
+    compares a 32-bit digest of every tensor's bytes (one small ``Allgather``; tensors on a
+    device are copied to the host for it), e.g. after a rank-dependent initialisation or at
+    checkpoints of a long run; :func:`broadcast_parameters` makes replicated copies equal again.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The same structure on every rank.
+    grid : ProcessGrid
+
+    Returns
+    -------
+    dict
+        On every rank: name -> ranks whose copy differs from the lowest rank holding the same
+        block; empty when every copy agrees.
+
+    Raises
+    ------
+    ValueError
+        On every rank, if the ranks' modules have different parameter and buffer names, or a
+        ``hpctp_layout`` is not a Layout of this grid.
+    """
+    check_grid(grid)
+    error: Exception | None = None
+    named = list(module.named_parameters()) + list(module.named_buffers())
+    axes: list[tuple[int, ...]] = []
+    try:
+        axes = [_replica_axes(t, name, grid) for name, t in named]
+    except ValueError as e:
+        error = e
+    C.agree_arguments(grid.comm, "check_replicas", error, names=[name for name, _ in named])
+    digests = [zlib.crc32(to_numpy(byte_view(t.detach().contiguous())).tobytes()) for _, t in named]
+    table = C.allgather_ints(grid.comm, digests)
+    coords = np.array([grid.coords_of(r) for r in range(grid.size)], dtype=np.int64).reshape(grid.size, grid.ndim)
+    out: dict[str, list[int]] = {}
+    for i, ((name, _), same) in enumerate(zip(named, axes)):
+        block = coords[:, [a for a in range(grid.ndim) if a not in same]]  # ranks holding one block share these
+        first: dict[tuple[int, ...], int] = {}
+        differ = []
+        for r in range(grid.size):
+            key = tuple(block[r].tolist())
+            ref = first.setdefault(key, r)
+            if table[r, i] != table[ref, i]:
+                differ.append(r)
+        if differ:
+            out[name] = differ
+    return out
