@@ -14,6 +14,7 @@ from . import comm as C
 from .backend import (
     BACKENDS,
     Array,
+    array_module,
     astype,
     backend_name,
     check_array,
@@ -28,7 +29,6 @@ from .dtypes import dtype_name
 from .ints import is_int
 from .layout import Layout
 from .layout.indexing import index_plan
-from .ops.elementwise import ufunc_for
 from .ops.indexing import put_block, take_block
 from .ops.reduce import normalize_axes, reduce_block
 from .ops.transfer import gather_block, needs_grad, redistribute_block
@@ -432,6 +432,35 @@ class DistTensor:
     def __int__(self) -> int:
         return int(self.item())
 
+    @property
+    def real(self) -> DistTensor:
+        """Local. The real part (the tensor itself when it is real), as ``numpy.real``."""
+        x = self.local
+        if dtype_kind(x) != "c":
+            return self
+        return self._new(x.real)
+
+    @property
+    def imag(self) -> DistTensor:
+        """Local. The imaginary part (zeros of the tensor's dtype when it is real), as ``numpy.imag``."""
+        x = self.local
+        if dtype_kind(x) == "c":
+            return self._new(x.imag)
+        if is_torch(x):
+            return self._new(x.new_zeros(x.shape))
+        return self._new(array_module(x).zeros_like(x))
+
+    def clip(self, min: object = None, max: object = None) -> DistTensor:  # noqa: A002 - numpy's names
+        """Local. Values limited to ``[min, max]`` (numbers, or tensors of this layout), as ``numpy.clip``."""
+        lo = None if min is None else self._other(min, "clip")
+        hi = None if max is None else self._other(max, "clip")
+        x = self.local
+        if lo is None and hi is None:
+            return self.copy()
+        if is_torch(x):
+            return self._new(x.clamp(lo, hi))
+        return self._new(array_module(x).clip(x, lo, hi))
+
     # ------------------------------------------------------------------ elementwise (local)
     def _place(self) -> str:
         """Backend and memory of the block, as ``DistTensor.to`` names them."""
@@ -489,23 +518,23 @@ class DistTensor:
         ValueError
             On operands of different layouts or grids.
         """
-        name = f"numpy.{ufunc.__name__}"
-        if ufunc is np.matmul and method == "__call__" and not kwargs and len(inputs) == 2:
-            a, b = inputs
-            if isinstance(a, DistTensor):
-                return a @ b
-        if method != "__call__" or kwargs or ufunc.nout != 1 or ufunc.signature is not None:
-            used = f"{name}.{method}" if method != "__call__" else name
-            extra = f" with {', '.join(sorted(kwargs))}=" if kwargs else ""
-            raise TypeError(
-                f"{used}{extra} is not supported on DistTensors: elementwise calls with one output and no "
-                f"keywords are (for reductions use x.sum(), x.max(), x.min(), x.mean())"
-            )
-        inputs = tuple(a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in inputs)  # numpy scalars
-        tensors = [a for a in inputs if isinstance(a, DistTensor)]
-        ref = next((t for t in tensors if t.ndim > 0), tensors[0])
-        args = [ref.local if a is ref else ref._other(a, name) for a in inputs]
-        return ref._new(ufunc_for(ufunc, ref.local)(*args))
+        from .numpy_api import apply_ufunc  # (it builds on this module)
+
+        return apply_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Collective over grid for reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
+        ``np.allclose``, ``np.linalg.norm``), else Local (``np.where``, ``np.isclose``,
+        ``np.clip``, ``np.real``, ``np.imag``, ``np.shape``): numpy functions on DistTensors.
+
+        Raises
+        ------
+        TypeError
+            For other numpy functions (they would otherwise see an opaque object).
+        """
+        from .numpy_api import apply_function
+
+        return apply_function(func, args, kwargs)
 
     __add__, __radd__ = _arithmetic(operator.add, "+")
     __sub__, __rsub__ = _arithmetic(operator.sub, "-")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: every test on 1 rank, then the MPI tests (-m mpi) on 2, 3, 4 and 6
 # ranks (oversubscribed). Each MPI run has a hard timeout, so a deadlock fails the run.
-# Usage: tests/run_all.sh [pytest args, e.g. a test file]
+# Usage: tests/run_all.sh [pytest args, e.g. a test file]     (MPI_RANKS="2 4" to choose the rank counts)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -16,7 +16,8 @@ args=("$@")
 
 echo "=== 1 rank ==="
 timeout "$MPI_TIMEOUT" "$PY" -m pytest -q --with-mpi "${args[@]}"
-for n in 2 3 4 6; do  # 6: grids 2x3, 3x2, 6x1, 1x2x3 ... and blocks left empty by small dims
+# 6: grids 2x3, 3x2, 6x1, 1x2x3 ... and blocks left empty by small dims
+for n in ${MPI_RANKS:-2 3 4 6}; do
   echo "=== $n ranks ==="
   rc=0
   timeout "$MPI_TIMEOUT" "$MPIEXEC" -n "$n" tests/rank0_stdout.sh "$PY" -m pytest -q --with-mpi -m mpi "${args[@]}" || rc=$?

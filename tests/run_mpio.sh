@@ -70,4 +70,4 @@ EOF
 
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py)
-VENV=$VENV bash tests/run_all.sh "${args[@]}"
+VENV=$VENV MPI_RANKS=${MPI_RANKS:-2 3 4} bash tests/run_all.sh "${args[@]}"  # (6 ranks of MPI-IO: 4 more minutes)

@@ -1,4 +1,4 @@
-"""x[key], x[key] = value and numpy ufuncs on DistTensors against numpy/torch on the gathered tensor."""
+"""x[key] and x[key] = value on DistTensors against numpy/torch on the gathered tensor."""
 
 from __future__ import annotations
 
@@ -197,79 +197,3 @@ def test_setitem_from_disttensors(grid2d: hpctp.ProcessGrid) -> None:
         x[0] = np.zeros(4)
     with pytest.raises(TypeError, match="a number, a DistTensor or an array"):
         x[0] = "zero"
-
-
-# ---------------------------------------------------------------------------- numpy ufuncs
-@pytest.mark.mpi
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_ufuncs_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = _global(SHAPE)
-    b = np.sin(a) * 3
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew, backend)
-        y = x.with_local(x.local * 0 + (torch.from_numpy(b) if backend == "torch" else b)[x.local_slices])
-        s = x.sum()
-        cases = {
-            "exp": (np.exp(x), np.exp(a)),
-            "sqrt|x|": (np.sqrt(np.abs(x)), np.sqrt(np.abs(a))),
-            "arctan2 scalar": (np.arctan2(x, 2.0), np.arctan2(a, 2.0)),
-            "arctan2 scalar left": (np.arctan2(2.0, x), np.arctan2(2.0, a)),
-            "maximum": (np.maximum(x, y), np.maximum(a, b)),
-            "hypot 0-d": (np.hypot(s, y), np.hypot(a.sum(), b)),
-            "power": (np.power(x, 2), a**2),
-            "equal": (np.equal(x, y), a == b),
-            "isfinite": (np.isfinite(x / 0.5), np.isfinite(a / 0.5)),
-            "numpy scalar + x": (np.float64(2.5) + x, 2.5 + a),
-            "numpy scalar < x": (np.float64(-0.5) < x, -0.5 < a),
-            "tanh": (np.tanh(x * 0.1), np.tanh(a * 0.1)),
-        }
-        for what, (got, want) in cases.items():
-            assert_all(grid2d, got.backend == backend and got.layout == x.layout, what)
-            assert_allclose(grid2d, got.gather(None), want, rtol=1e-15, atol=0, what=f"{what} split={split}")
-
-
-@pytest.mark.mpi
-def test_ufunc_matmul_and_errors(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global((6, 4))
-    x = hpctp.distribute(a, grid2d, (0, 1))
-    z = hpctp.distribute(a.T.copy(), grid2d, (0, 1))
-    assert_allclose(grid2d, np.matmul(x, z).gather(None), a @ a.T, rtol=1e-14)
-    with pytest.raises(TypeError, match=r"numpy.add.reduce is not supported .* x.sum\(\)"):
-        np.add.reduce(x)
-    with pytest.raises(TypeError, match="numpy.exp with out= is not supported"):
-        np.exp(x, out=x)
-    with pytest.raises(TypeError, match="numpy.divmod is not supported"):
-        np.divmod(x, 2)
-    with pytest.raises(TypeError, match="unsupported operand .* ndarray"):
-        np.add(x, a)
-    with pytest.raises(ValueError, match="same layout"):
-        np.maximum(x, x.redistribute((1, 0)) if grid2d.size > 1 else x[1:])
-    with pytest.raises(TypeError, match="numpy.spacing has no torch counterpart"):
-        np.spacing(x.to("torch"))
-    with pytest.raises(ValueError, match="expects"):
-        x.with_local(np.zeros((99, 1)))
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_numpy_reductions_call_the_collective_ones(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    """np.sum(x), np.mean(x, axis), np.max/np.min: numpy calls the DistTensor's methods."""
-    a = _global(SHAPE)
-    x = _tensor(grid2d, (0, 1, None), True, backend)
-    cases = {
-        "np.sum": (np.sum(x), a.sum()),
-        "np.sum axis keepdims": (np.sum(x, axis=(0, 2), keepdims=True), a.sum(axis=(0, 2), keepdims=True)),
-        "np.mean axis 1": (np.mean(x, axis=1), a.mean(axis=1)),
-        "np.max axis 0": (np.max(x, axis=0), a.max(axis=0)),
-        "np.min": (np.min(x), a.min()),
-        "sum dtype": (x.sum(dtype="float32"), a.astype(np.float32).sum()),
-        "np.mean dtype": (np.mean(x, dtype="float32"), a.astype(np.float32).mean()),
-    }
-    for what, (got, want) in cases.items():
-        assert_all(grid2d, isinstance(got, hpctp.DistTensor) and got.backend == backend, what)
-        rtol = 1e-6 if "dtype" in what else 1e-14
-        assert_allclose(grid2d, got.gather(None), want, rtol=rtol, atol=0, what=what)
-    with pytest.raises(TypeError, match=r"sum\(out=...\) is not supported"):
-        np.sum(x, out=x)
-    with pytest.raises(TypeError, match=r"max\(out=...\) is not supported"):
-        x.max(out=x)

@@ -1,0 +1,128 @@
+"""numpy's protocols on DistTensors: its ufuncs (``np.exp(x)``) and a few functions (``np.where``).
+
+numpy hands a call with a DistTensor operand to ``DistTensor.__array_ufunc__`` or
+``__array_function__``, which land here. Elementwise work runs on each rank's blocks with
+the blocks' own backend (numpy, torch or cupy); functions that reduce (``np.sum``,
+``np.allclose``) are the collective ones of :class:`~hpctp.DistTensor`. Any other numpy
+function raises a TypeError naming what is supported, instead of numpy's conversion of the
+tensor to an object array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import comm as C
+from .backend import array_module, is_torch
+from .ops.elementwise import ufunc_for
+from .tensor import DistTensor
+
+__all__ = ["apply_ufunc", "apply_function", "FUNCTIONS"]
+
+
+def _operands(inputs: tuple[Any, ...], name: str) -> tuple[DistTensor, list[Any]]:
+    """The tensor whose layout the result takes (the first with dims) and every operand's block
+    (numbers and 0-d numpy arrays pass through as scalars)."""
+    inputs = tuple(a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in inputs)
+    tensors = [a for a in inputs if isinstance(a, DistTensor)]
+    ref = next((t for t in tensors if t.ndim > 0), tensors[0])
+    return ref, [ref.local if a is ref else ref._other(a, name) for a in inputs]
+
+
+def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Local (collective for ``np.matmul``). ``ufunc`` applied blockwise; see ``DistTensor.__array_ufunc__``."""
+    name = f"numpy.{ufunc.__name__}"
+    if ufunc is np.matmul and method == "__call__" and not kwargs and len(inputs) == 2:
+        a, b = inputs
+        if isinstance(a, DistTensor):
+            return a @ b
+    if method != "__call__" or kwargs or ufunc.nout != 1 or ufunc.signature is not None:
+        used = f"{name}.{method}" if method != "__call__" else name
+        extra = f" with {', '.join(sorted(kwargs))}=" if kwargs else ""
+        raise TypeError(
+            f"{used}{extra} is not supported on DistTensors: elementwise calls with one output and no "
+            f"keywords are (for reductions use x.sum(), x.max(), x.min(), x.mean())"
+        )
+    ref, blocks = _operands(inputs, name)
+    return ref._new(ufunc_for(ufunc, ref.local)(*blocks))
+
+
+def _where(condition: Any, x: Any = None, y: Any = None) -> DistTensor:
+    if x is None or y is None:
+        raise TypeError("numpy.where(condition) (the indices of true elements) is not supported on DistTensors")
+    ref, (c, a, b) = _operands((condition, x, y), "numpy.where")
+    if is_torch(ref.local):
+        import torch
+
+        dev = ref.local.device
+        a, b = (v if is_torch(v) else torch.as_tensor(v, device=dev) for v in (a, b))
+        return ref._new(torch.where(c, a, b))
+    return ref._new(array_module(ref.local).where(c, a, b))
+
+
+def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> DistTensor:
+    ref, (u, v) = _operands((a, b), "numpy.isclose")
+    if is_torch(ref.local):
+        import torch
+
+        dev = ref.local.device
+        u, v = (w if is_torch(w) else torch.as_tensor(w, device=dev, dtype=ref.local.dtype) for w in (u, v))
+        return ref._new(torch.isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return ref._new(array_module(ref.local).isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def _allclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    close = _isclose(a, b, rtol, atol, equal_nan)
+    return C.all_true(close.grid.comm, bool(close.local.all()))
+
+
+def _clip(a: DistTensor, a_min: Any = None, a_max: Any = None, out: None = None, **bounds: Any) -> DistTensor:
+    if out is not None or set(bounds) - {"min", "max"}:
+        raise TypeError("numpy.clip on a DistTensor takes the bounds only (no out= or other keywords)")
+    lo = bounds.get("min", a_min)
+    hi = bounds.get("max", a_max)
+    return a.clip(None if lo is np._NoValue else lo, None if hi is np._NoValue else hi)  # type: ignore[attr-defined]
+
+
+def _norm(x: DistTensor, ord: object = None, axis: object = None, keepdims: bool = False) -> DistTensor:
+    if ord is not None or axis is not None or keepdims:
+        raise TypeError("numpy.linalg.norm on a DistTensor: only the Frobenius norm of the whole tensor (x.norm())")
+    return x.norm()
+
+
+def _method(func: Callable[..., Any]) -> Callable[..., Any]:
+    """numpy's own implementation, which calls the DistTensor's method of that name."""
+    return func._implementation  # type: ignore[attr-defined, no-any-return]
+
+
+FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
+    **{f: _method(f) for f in (np.sum, np.mean, np.max, np.min, np.amax, np.amin, np.real, np.imag)},
+    **{f: _method(f) for f in (np.shape, np.ndim, np.size)},
+    np.where: _where,
+    np.isclose: _isclose,
+    np.allclose: _allclose,
+    np.clip: _clip,
+    np.linalg.norm: _norm,
+}
+
+
+def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` for the numpy functions in :data:`FUNCTIONS`; see
+    ``DistTensor.__array_function__``.
+
+    Raises
+    ------
+    TypeError
+        For any other numpy function (naming the supported ones).
+    """
+    impl = FUNCTIONS.get(func)
+    if impl is None:
+        names = ", ".join(sorted({f"np.{'linalg.' if f is np.linalg.norm else ''}{f.__name__}" for f in FUNCTIONS}))
+        raise TypeError(
+            f"numpy.{getattr(func, '__name__', func)} is not supported on DistTensors (supported: {names}, and "
+            f"numpy's elementwise ufuncs); apply it to x.local blockwise (x.with_local(...)) or to a gathered array"
+        )
+    return impl(*args, **kwargs)
