@@ -6,7 +6,7 @@ operation computes what one device would compute on the whole tensor.
 
 from . import comm, fft, halo, io, layout, linalg, perf, random
 from .comm import CommCounter, ProcessGrid
-from .factories import distribute, empty, from_local, full, ones, zeros
+from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
 from .halo import HaloExchange
 from .layout import Layout, block_range
 from .linalg import matmul
@@ -27,6 +27,7 @@ __all__ = [
     "empty",
     "fft",
     "from_local",
+    "fromfunction",
     "full",
     "halo",
     "io",

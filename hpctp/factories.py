@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import comm as C
-from .backend import BACKENDS, Array, backend_name, check_array, empty_like_backend, native_order
+from .backend import BACKENDS, Array, astype, backend_name, check_array, empty_like_backend, from_numpy, native_order
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
 from .ints import is_int
@@ -15,7 +16,7 @@ from .layout import Layout, normalize_split, tiled_layout
 from .ops.transfer import scatter_block
 from .tensor import DistTensor
 
-__all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full"]
+__all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full", "fromfunction"]
 
 _MAX_NDIM = 32
 
@@ -207,3 +208,60 @@ def ones(
 ) -> DistTensor:
     """Local. A distributed tensor of ones; arguments as for :func:`empty`."""
     return full(shape, 1, grid, split, dtype, like)
+
+
+def fromfunction(
+    function: Callable[..., Any],
+    shape: Sequence[int],
+    grid: ProcessGrid,
+    split: object = None,
+    dtype: object = "float64",
+    like: object = "numpy",
+) -> DistTensor:
+    """Local. The tensor whose element at global index ``(i, j, ...)`` is ``function(i, j, ...)``.
+
+    As ``numpy.fromfunction``, but each rank calls ``function`` once, for its own block: with
+    one coordinate array per dim holding the block's global indices along it, in ``dtype``,
+    on the blocks' backend, and shaped to broadcast (as ``numpy.ogrid``: ``[n0, 1]``,
+    ``[1, n1]``) instead of full index arrays. An elementwise ``function`` gives the same
+    tensor on any grid: initial conditions and coordinate fields of a simulation, without a
+    message.
+
+    Parameters
+    ----------
+    function : callable
+        Takes ``len(shape)`` coordinate arrays; returns an array (or number) that broadcasts
+        to the block's shape, of the blocks' backend.
+    shape, grid, split, dtype, like
+        As for :func:`empty`.
+
+    Returns
+    -------
+    DistTensor
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, split or backend, or a result that does not broadcast to the block.
+    TypeError
+        If ``function`` is not callable or returns an array of another backend.
+    """
+    if not callable(function):
+        raise TypeError(f"fromfunction needs a callable, got {type(function).__name__}")
+    t = empty(shape, grid, split, dtype, like)
+    ranges = t.layout.local_ranges(grid.coords)
+    coords = []
+    for d, (a, b) in enumerate(ranges):
+        index = np.arange(a, b, dtype=np.int64).reshape([-1 if e == d else 1 for e in range(len(ranges))])
+        coords.append(astype(from_numpy(index, t.local), dtype))
+    value = function(*coords)
+    if hasattr(value, "shape") and not isinstance(value, np.generic):
+        if backend_name(value) != t.backend:
+            raise TypeError(f"fromfunction: function returned a {backend_name(value)} array for {t.backend} blocks")
+        if any(int(n) not in (1, m) for n, m in zip(tuple(value.shape)[::-1], t.local.shape[::-1])):
+            raise ValueError(
+                f"fromfunction: function returned shape {tuple(value.shape)}, which does not broadcast to the "
+                f"block's shape {tuple(t.local.shape)}"
+            )
+    t.local[...] = value
+    return t

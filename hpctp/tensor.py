@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -192,6 +192,43 @@ class DistTensor:
         if plan.moves:  # (ranks that disagree would pair different moves: check first)
             C.agree_arguments(self.grid.comm, "DistTensor[key]", None, key=plan.entries, requires_grad=grad)
         return self._new(take_block(self.local, self.grid, plan, grad), plan.result)
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        """Refused: a DistTensor is not one array on any rank (numpy would otherwise read it
+        element by element, one ``x[i]`` at a time).
+
+        Raises
+        ------
+        TypeError
+            Always, saying to call ``x.gather()`` (collective) or use ``x.local``.
+        """
+        raise TypeError(
+            "a DistTensor does not convert to a numpy array: call x.gather() for the global tensor (collective) "
+            "or use x.local, this rank's block"
+        )
+
+    def __len__(self) -> int:
+        """Local. The global size of dim 0, as ``len`` of a numpy array.
+
+        Raises
+        ------
+        TypeError
+            For a 0-d tensor.
+        """
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d DistTensor")
+        return self.global_shape[0]
+
+    def __iter__(self) -> Iterator[DistTensor]:
+        """Collective over grid when dim 0 is divided, else Local. ``x[0], x[1], ...`` in turn.
+
+        Raises
+        ------
+        TypeError
+            For a 0-d tensor.
+        """
+        for i in range(len(self)):
+            yield self[i]
 
     def __setitem__(self, key: object, value: object) -> None:
         """Local. ``x[key] = value``: each rank writes the part of the selection it holds.

@@ -227,6 +227,35 @@ def test_from_local_validation(grid2d: hpctp.ProcessGrid) -> None:
 
 
 @pytest.mark.mpi
+def test_fromfunction_equals_numpy(grid3d: hpctp.ProcessGrid) -> None:
+    """Each rank evaluates its own block: the same tensor as numpy.fromfunction on any grid."""
+    shape = (5, 4, 3)  # (6 ranks on one axis leave empty blocks)
+    f = lambda i, j, k: np.sin(i) + 10 * j - k / 3  # noqa: E731
+    want = np.fromfunction(f, shape)
+    for split in [(0, 1, 2), (2, None, 0), (None, None, None)]:
+        x = hpctp.fromfunction(f, shape, grid3d, split)
+        assert_allclose(grid3d, x.gather(None), want, rtol=1e-15, atol=0, what=f"split={split}")
+        assert_all(grid3d, x.split == split, str(x.layout))
+    t = hpctp.fromfunction(
+        lambda i, j, k: torch.cos(i) * j + k, shape, grid3d, (1, 0, 2), dtype="float32", like="torch"
+    )
+    ref = np.fromfunction(lambda i, j, k: np.cos(i) * j + k, shape, dtype=np.float32)
+    assert_all(grid3d, t.backend == "torch" and t.dtype == torch.float32, repr(t))
+    assert_allclose(grid3d, t.gather(None), ref, rtol=1e-6, what="torch float32")
+    n = hpctp.fromfunction(lambda i, j, k: 100 * i + 10 * j + k, shape, grid3d, (0, 1, 2), dtype="int64")
+    assert_equal(grid3d, n.gather(None), np.fromfunction(lambda i, j, k: 100 * i + 10 * j + k, shape, dtype=np.int64))
+    assert_equal(
+        grid3d, hpctp.fromfunction(lambda i, j, k: 2.5, shape, grid3d, (0, 1, 2)).gather(None), np.full(shape, 2.5)
+    )
+    with pytest.raises(TypeError, match="returned a torch array for numpy blocks"):
+        hpctp.fromfunction(lambda i, j, k: torch.zeros(1), shape, grid3d, (0, 1, 2))
+    with pytest.raises(ValueError, match=r"returned shape \(7,\), which does not broadcast"):
+        hpctp.fromfunction(lambda i, j, k: np.zeros(7), shape, grid3d, (0, 1, 2))
+    with pytest.raises(TypeError, match="needs a callable"):
+        hpctp.fromfunction(3.0, shape, grid3d)  # type: ignore[arg-type]
+
+
+@pytest.mark.mpi
 def test_reductions_match_numpy(grid2d: hpctp.ProcessGrid) -> None:
     for shape in [(7, 5), (3, 2), (1, 6)]:
         a = _global(shape) ** 2 % 7.3 - 2.0

@@ -197,3 +197,20 @@ def test_setitem_from_disttensors(grid2d: hpctp.ProcessGrid) -> None:
         x[0] = np.zeros(4)
     with pytest.raises(TypeError, match="a number, a DistTensor or an array"):
         x[0] = "zero"
+
+
+@pytest.mark.mpi
+def test_len_and_iteration(grid2d: hpctp.ProcessGrid) -> None:
+    a = _global(SHAPE)
+    x = _tensor(grid2d, (0, 1, None), True)
+    rows = [r.gather(None) for r in x]  # one collective x[i] per row of the divided dim 0
+    assert_all(grid2d, len(x) == 7 and len(rows) == 7, f"len {len(x)}, {len(rows)} rows")
+    assert_equal(grid2d, np.stack(rows), a, "the rows in order")
+    s = x.sum()
+    with pytest.raises(TypeError, match="len.. of a 0-d DistTensor"):
+        len(s)
+    with pytest.raises(TypeError, match="len.. of a 0-d DistTensor"):
+        list(s)
+    for convert in (np.asarray, np.array, lambda v: np.asarray([v, v])):
+        with pytest.raises(TypeError, match=r"call x.gather\(\) for the global tensor"):
+            convert(x)
