@@ -207,6 +207,23 @@ class DistTensor:
             "or use x.local, this rank's block"
         )
 
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Local. torch's pointwise functions on DistTensors with torch blocks: ``torch.relu(x)``,
+        ``torch.nn.functional.gelu(x)``, ``torch.where(c, x, y)``, differentiable, blockwise.
+
+        Raises
+        ------
+        TypeError
+            For functions that are not pointwise (see :mod:`hpctp.torch_api`), non-torch
+            blocks, or plain tensors broadcast against the blocks.
+        """
+        from .torch_api import apply_torch_function  # (torch is loaded: it is calling)
+
+        return apply_torch_function(func, args, kwargs or {})
+
     def __len__(self) -> int:
         """Local. The global size of dim 0, as ``len`` of a numpy array.
 
@@ -344,11 +361,17 @@ class DistTensor:
     def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdims: bool) -> DistTensor:
         error: Exception | None = None
         axes: tuple[int, ...] | None = None
+        grad = needs_grad(self.local)
         try:
             axes = normalize_axes(axis, self.ndim)
+            if grad and op != "sum":
+                raise TypeError(
+                    f"{op} of a DistTensor that requires grad: its gradient across ranks is not implemented; "
+                    f"reduce x.detach() (or use a differentiable sum)"
+                )
         except (TypeError, ValueError) as e:
             error = e
-        C.agree_arguments(self.grid.comm, op, error, axes=axes, keepdims=bool(keepdims))
+        C.agree_arguments(self.grid.comm, op, error, axes=axes, keepdims=bool(keepdims), requires_grad=grad)
         local, layout = reduce_block(self.local, self.grid, self.layout, op, axis, keepdims)
         return self._new(local, layout)
 
@@ -365,12 +388,19 @@ class DistTensor:
         """Collective over grid. Sum over ``axis`` (all dims if None).
 
         ``np.sum(x, axis)`` calls this too; ``dtype`` converts the blocks first, ``out`` must be None.
+        Differentiable for torch blocks that require grad (every rank must agree): backward
+        hands each rank the gradient of the replicated result, as the global losses do.
 
         Returns
         -------
         DistTensor
             Reduced dims are removed (kept with size 1 if ``keepdims``); the result is
             replicated along the grid axes that split them.
+
+        Raises
+        ------
+        ValueError
+            On a bad axis, or ranks that pass different arguments or ``requires_grad``.
         """
         if dtype is not None or out is not None:
             return self._numpy_style("sum", dtype, out).sum(axis, keepdims)
@@ -513,12 +543,23 @@ class DistTensor:
                 f"convert one with .to({self._place()!r})"
             )
 
+    def _broadcast_scalar(self, block: Array) -> Array:
+        """A replicated 0-d block used against this tensor's blocks. When autograd records it,
+        each rank's gradient of it covers only that rank's block: backward sums them over the
+        grid axes that divide this tensor (as the blocks' sum in one process)."""
+        axes = [g for g in self.split if g is not None and self.grid.dims[g] > 1]
+        if not axes or not needs_grad(block):
+            return block
+        from .nn.autograd_comm import sum_gradients  # (torch is loaded: the block is a torch tensor)
+
+        return sum_gradients(block, self.grid, axes)
+
     def _other(self, other: object, op: str) -> Any:
         if isinstance(other, DistTensor):
             self._check_partner(other, op)
             if other.layout != self.layout:
                 if other.ndim == 0:
-                    return other.local
+                    return self._broadcast_scalar(other.local)
                 raise ValueError(
                     f"'{op}' needs tensors with the same layout, got {self.layout} and {other.layout}; "
                     f"call other.redistribute(x.layout) first"

@@ -13,6 +13,7 @@ from ..backend import Array, array_module, as_contiguous, dtype_kind, is_torch, 
 from ..comm import ProcessGrid
 from ..ints import is_int
 from ..layout import Layout
+from .transfer import needs_grad
 
 __all__ = ["normalize_axes", "reduce_block", "REDUCTIONS"]
 
@@ -97,9 +98,8 @@ def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
     if is_torch(x):
         import torch
 
-        if empty:
-            dtype = x.dtype if op != "sum" or x.dtype.is_floating_point or x.dtype.is_complex else torch.int64
-            return torch.full(out_shape, cast(Any, _identity(op, x.dtype)), dtype=dtype, device=x.device)
+        if empty and op != "sum":  # (torch.sum gives the zeros itself, and keeps autograd's graph)
+            return torch.full(out_shape, cast(Any, _identity(op, x.dtype)), dtype=x.dtype, device=x.device)
         if not axes:  # nothing to reduce (a 0-d tensor); sum still promotes bool/ints to int64, as torch.sum
             promote = op == "sum" and not (x.dtype.is_floating_point or x.dtype.is_complex)
             return x.to(torch.int64) if promote else x.clone()
@@ -140,10 +140,15 @@ def reduce_block(
         1) and no longer split, so the result is replicated along the grid axes that
         split them; other dims keep their split.
 
+    A torch block that requires grad is summed differentiably (backward: every rank's
+    gradient of the replicated result flows to its own block); every rank must agree on it.
+
     Raises
     ------
     ValueError
         On an unknown op or bad axis.
+    TypeError
+        On max/min of a complex tensor or of one that requires grad.
     """
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {REDUCTIONS}, got {op!r}")
@@ -151,13 +156,20 @@ def reduce_block(
     if op != "sum" and dtype_kind(local) == "c":  # the dtype is the same on every rank: all raise
         raise TypeError(f"{op} of a complex tensor is not defined (no ordering); reduce abs(x) or x.real instead")
     red = as_contiguous(_local_reduce(local, op, axes))
-    wire = _bool_as_uint8(red)  # MPI has no MAX/MIN for booleans; 0/1 bytes order the same way
-    grid_axes = [layout.split[d] for d in axes if layout.split[d] is not None]
-    if len(grid_axes) == grid.ndim and grid.ndim > 1:
-        C.allreduce(grid.comm, wire, op)
+    grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]
+    if needs_grad(local):
+        if op != "sum":
+            raise TypeError(f"{op} of a tensor that requires grad has no gradient across ranks here; use a sum")
+        from ..nn.autograd_comm import allreduce_sum  # (nn builds on this module)
+
+        red = allreduce_sum(red, grid, grid_axes) if grid_axes else red  # backward: the replicated gradient
     else:
-        for g in grid_axes:
-            C.allreduce(grid.sub(g), wire, op)  # type: ignore[arg-type]
+        wire = _bool_as_uint8(red)  # MPI has no MAX/MIN for booleans; 0/1 bytes order the same way
+        if len(grid_axes) == grid.ndim and grid.ndim > 1:
+            C.allreduce(grid.comm, wire, op)
+        else:
+            for g in grid_axes:
+                C.allreduce(grid.sub(g), wire, op)
     shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))
     split = tuple(None if d in axes else s for d, s in enumerate(layout.split))
     cuts = tuple(None if d in axes else c for d, c in enumerate(layout.cuts))

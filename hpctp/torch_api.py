@@ -1,0 +1,83 @@
+"""torch's function protocol on DistTensors with torch blocks: ``torch.relu(x)``, ``F.gelu(x)``.
+
+torch hands a call with a DistTensor operand to ``DistTensor.__torch_function__``, which
+lands here. Pointwise functions (activations, elementwise math, comparisons, ``torch.where``)
+run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
+same layout as the other operands. Anything else (reductions, ``softmax`` along a dim that
+may be divided, random ``dropout``, a plain tensor broadcast against a block) raises a
+TypeError: blockwise, it would not be the single-process result.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from .tensor import DistTensor
+
+__all__ = ["POINTWISE", "apply_torch_function"]
+
+_TORCH = (
+    "abs absolute acos acosh add angle asin asinh atan atan2 atanh ceil clamp clip conj_physical copysign cos cosh "
+    "deg2rad div eq erf erfc erfinv exp exp2 expm1 float_power floor fmax fmin fmod frac ge gt heaviside hypot imag "
+    "isclose isfinite isinf isnan le lerp lgamma log log10 log1p log2 logical_and logical_not logical_or logical_xor "
+    "logit lt maximum minimum mul nan_to_num ne neg negative pow rad2deg real reciprocal relu remainder round rsqrt "
+    "sgn sigmoid sign signbit sin sinc sinh sqrt square sub tan tanh trunc where xlogy"
+)
+_FUNCTIONAL = (
+    "celu elu gelu hardshrink hardsigmoid hardswish hardtanh leaky_relu logsigmoid mish relu relu6 selu sigmoid "
+    "silu softplus softshrink softsign tanh tanhshrink threshold"
+)
+
+
+@functools.cache
+def _pointwise() -> dict[Callable[..., Any], str]:
+    table = {getattr(torch, n): f"torch.{n}" for n in _TORCH.split()}
+    table.update({getattr(F, n): f"torch.nn.functional.{n}" for n in _FUNCTIONAL.split()})
+    return table
+
+
+POINTWISE = _pointwise  # the supported functions (a call: built on first use)
+
+
+def _block(value: Any, ref: DistTensor, name: str) -> Any:
+    if isinstance(value, DistTensor):
+        return ref.local if value is ref else ref._other(value, name)
+    if isinstance(value, torch.Tensor) and value.ndim > 0:
+        raise TypeError(
+            f"{name}: a plain torch.Tensor of shape {tuple(value.shape)} next to a DistTensor would broadcast "
+            f"against each rank's block, not the global tensor; make it a DistTensor of the same layout "
+            f"(x.with_local(...)) or a number"
+        )
+    return value
+
+
+def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
+    """Local. ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
+
+    Raises
+    ------
+    TypeError
+        For a function that is not pointwise (see the module docstring), blocks that are not
+        torch tensors, or a plain tensor operand with dims.
+    ValueError
+        On DistTensor operands of different layouts or grids.
+    """
+    name = _pointwise().get(func)
+    if name is None:
+        what = getattr(func, "__name__", repr(func))
+        raise TypeError(
+            f"torch function {what} is not supported on DistTensors: only pointwise ones are (activations, "
+            f"elementwise math, comparisons, torch.where; reductions are x.sum(), x.mean(), ...); apply it to "
+            f"x.local and wrap the result with x.with_local(...) where that is right"
+        )
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, DistTensor)]
+    ref = next((t for t in tensors if t.ndim > 0), tensors[0])
+    if ref.backend != "torch":
+        raise TypeError(f"{name} needs torch blocks, got {ref.backend}; convert with x.to('torch') (or use numpy's)")
+    out = func(*(_block(a, ref, name) for a in args), **{k: _block(v, ref, name) for k, v in kwargs.items()})
+    return ref._new(out)
