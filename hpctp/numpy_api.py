@@ -110,8 +110,9 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``func(*args, **kwargs)`` for the numpy functions in :data:`FUNCTIONS`; see
-    ``DistTensor.__array_function__``.
+    """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
+    ``np.allclose``, ``np.linalg.norm``), else Local. ``func(*args, **kwargs)`` for the numpy
+    functions in :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 
     Raises
     ------

@@ -194,8 +194,8 @@ class DistTensor:
         return self._new(take_block(self.local, self.grid, plan, grad), plan.result)
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        """Refused: a DistTensor is not one array on any rank (numpy would otherwise read it
-        element by element, one ``x[i]`` at a time).
+        """Local. Refused: a DistTensor is not one array on any rank (numpy would otherwise read
+        it element by element, one ``x[i]`` at a time).
 
         Raises
         ------
