@@ -100,7 +100,7 @@ def _method(func: Callable[..., Any]) -> Callable[..., Any]:
 
 FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     **{f: _method(f) for f in (np.sum, np.mean, np.max, np.min, np.amax, np.amin, np.real, np.imag)},
-    **{f: _method(f) for f in (np.shape, np.ndim, np.size)},
+    **{f: _method(f) for f in (np.shape, np.ndim, np.size, np.transpose)},
     np.where: _where,
     np.isclose: _isclose,
     np.allclose: _allclose,

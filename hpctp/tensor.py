@@ -528,6 +528,47 @@ class DistTensor:
             return self._new(x.clamp(lo, hi))
         return self._new(array_module(x).clip(x, lo, hi))
 
+    def transpose(self, *axes: int | Sequence[int]) -> DistTensor:
+        """Local. The tensor with its dims permuted (reversed by default), as ``numpy.transpose``.
+
+        Each dim keeps its grid axis and cuts, so no data moves: the block is a view of this
+        one's (``numpy.transpose`` / ``torch.permute``).
+
+        Parameters
+        ----------
+        *axes : int or a sequence of int
+            A permutation of ``0 .. ndim - 1`` (negative entries count from the end).
+
+        Raises
+        ------
+        ValueError
+            If ``axes`` is not a permutation of the dims.
+        """
+        given = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        n = self.ndim
+        perm = tuple(range(n))[::-1]
+        if given:
+            ints = [int(a) for a in given if is_int(a)]
+            perm = tuple(a % n if -n <= a < n else -1 for a in ints)
+            if len(ints) != len(given) or sorted(perm) != list(range(n)):
+                raise ValueError(
+                    f"axes={given!r} is not a permutation of the {n} dims of a tensor of shape {self.shape}"
+                )
+        lay = self.layout
+        layout = Layout(
+            tuple(lay.global_shape[d] for d in perm),
+            lay.grid_dims,
+            tuple(lay.split[d] for d in perm),
+            tuple(lay.cuts[d] for d in perm),
+        )
+        x = self.local
+        return self._new(x.permute(perm) if is_torch(x) else x.transpose(perm), layout)
+
+    @property
+    def T(self) -> DistTensor:  # noqa: N802 - numpy's name
+        """Local. The tensor with its dims reversed (:meth:`transpose`)."""
+        return self.transpose()
+
     # ------------------------------------------------------------------ elementwise (local)
     def _place(self) -> str:
         """Backend and memory of the block, as ``DistTensor.to`` names them."""

@@ -214,3 +214,23 @@ def test_len_and_iteration(grid2d: hpctp.ProcessGrid) -> None:
     for convert in (np.asarray, np.array, lambda v: np.asarray([v, v])):
         with pytest.raises(TypeError, match=r"call x.gather\(\) for the global tensor"):
             convert(x)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_transpose_is_a_view_with_permuted_layout(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    a = _global(SHAPE)
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x = _tensor(grid2d, split, skew, backend)
+        for perm in [None, (1, 0, 2), (2, 0, 1), (-1, -3, 1)]:
+            y = x.transpose() if perm is None else x.transpose(*perm)
+            want = a.transpose(perm)
+            assert_equal(grid2d, y.gather(None), want, f"split={split} perm={perm}")
+            assert_all(grid2d, y.split == tuple(x.split[d % 3] for d in (perm or (2, 1, 0))), str(y.layout))
+        assert_equal(grid2d, x.T.gather(None), a.T, "x.T")
+        assert_equal(grid2d, np.transpose(x, (0, 2, 1)).gather(None), np.transpose(a, (0, 2, 1)), "np.transpose")
+    m = hpctp.distribute(_global((6, 4)), grid2d, (0, 1)).to(backend)
+    assert_allclose(grid2d, (m @ m.T).gather(None), _global((6, 4)) @ _global((6, 4)).T, rtol=1e-13, what="m @ m.T")
+    for bad in [(0, 1), (0, 0, 1), (0, 1, 3), (0, 1, 2.0)]:
+        with pytest.raises(ValueError, match="is not a permutation of the 3 dims"):
+            x.transpose(*bad)  # type: ignore[arg-type]
