@@ -7,6 +7,7 @@ through every operation; conversions happen only when asked for.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -19,6 +20,7 @@ __all__ = [
     "is_cupy",
     "is_device",
     "check_array",
+    "broadcasts_to",
     "as_contiguous",
     "empty_like_backend",
     "from_numpy",
@@ -99,6 +101,11 @@ def check_array(x: object, what: str = "array") -> Array:
     except TypeError as e:
         raise TypeError(f"{what}: {e}") from None
     return x
+
+
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Local. Whether an array of ``shape`` broadcasts to ``target`` (numpy's rule)."""
+    return len(shape) <= len(target) and all(int(s) in (1, int(t)) for s, t in zip(shape[::-1], target[::-1]))
 
 
 def numpy_dtype(dtype: object) -> np.dtype:

@@ -8,7 +8,17 @@ from typing import Any
 import numpy as np
 
 from . import comm as C
-from .backend import BACKENDS, Array, astype, backend_name, check_array, empty_like_backend, from_numpy, native_order
+from .backend import (
+    BACKENDS,
+    Array,
+    astype,
+    backend_name,
+    broadcasts_to,
+    check_array,
+    empty_like_backend,
+    from_numpy,
+    native_order,
+)
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_code, dtype_from_code
 from .ints import is_int
@@ -258,7 +268,7 @@ def fromfunction(
     if hasattr(value, "shape") and not isinstance(value, np.generic):
         if backend_name(value) != t.backend:
             raise TypeError(f"fromfunction: function returned a {backend_name(value)} array for {t.backend} blocks")
-        if any(int(n) not in (1, m) for n, m in zip(tuple(value.shape)[::-1], t.local.shape[::-1])):
+        if not broadcasts_to(tuple(value.shape), tuple(t.local.shape)):
             raise ValueError(
                 f"fromfunction: function returned shape {tuple(value.shape)}, which does not broadcast to the "
                 f"block's shape {tuple(t.local.shape)}"

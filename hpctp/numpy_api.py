@@ -17,7 +17,7 @@ import numpy as np
 
 from . import comm as C
 from .backend import array_module, is_torch
-from .ops.elementwise import ufunc_for
+from .ops.elementwise import torch_operand, ufunc_for
 from .tensor import DistTensor
 
 __all__ = ["apply_ufunc", "apply_function", "FUNCTIONS"]
@@ -27,8 +27,7 @@ def _operands(inputs: tuple[Any, ...], name: str) -> tuple[DistTensor, list[Any]
     """The tensor whose layout the result takes (the first with dims) and every operand's block
     (numbers and 0-d numpy arrays pass through as scalars)."""
     inputs = tuple(a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in inputs)
-    tensors = [a for a in inputs if isinstance(a, DistTensor)]
-    ref = next((t for t in tensors if t.ndim > 0), tensors[0])
+    ref = DistTensor._layout_source(inputs)
     return ref, [ref.local if a is ref else ref._other(a, name) for a in inputs]
 
 
@@ -57,9 +56,7 @@ def _where(condition: Any, x: Any = None, y: Any = None) -> DistTensor:
     if is_torch(ref.local):
         import torch
 
-        dev = ref.local.device
-        a, b = (v if is_torch(v) else torch.as_tensor(v, device=dev) for v in (a, b))
-        return ref._new(torch.where(c, a, b))
+        return ref._new(torch.where(c, torch_operand(a, ref.local), torch_operand(b, ref.local)))
     return ref._new(array_module(ref.local).where(c, a, b))
 
 
@@ -68,8 +65,7 @@ def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan
     if is_torch(ref.local):
         import torch
 
-        dev = ref.local.device
-        u, v = (w if is_torch(w) else torch.as_tensor(w, device=dev, dtype=ref.local.dtype) for w in (u, v))
+        u, v = (torch_operand(w, ref.local, ref.local.dtype) for w in (u, v))
         return ref._new(torch.isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
     return ref._new(array_module(ref.local).isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
 

@@ -150,6 +150,13 @@ class DistTensor:
             local = np.asarray(local)
         return DistTensor(local, self.grid, self.layout if layout is None else layout)
 
+    @staticmethod
+    def _layout_source(operands: Sequence[object]) -> DistTensor:
+        """The operand whose layout an elementwise result takes: the first DistTensor with dims
+        (a 0-d one broadcasts against it), else the first DistTensor."""
+        tensors = [a for a in operands if isinstance(a, DistTensor)]
+        return next((t for t in tensors if t.ndim > 0), tensors[0])
+
     def with_local(self, block: Array) -> DistTensor:
         """Local. A tensor of this layout and grid whose block on this rank is ``block``.
 
@@ -361,14 +368,9 @@ class DistTensor:
     def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdims: bool) -> DistTensor:
         error: Exception | None = None
         axes: tuple[int, ...] | None = None
-        grad = needs_grad(self.local)
+        grad = needs_grad(self.local)  # agreed: reduce_block refuses max/min with grad on every rank or none
         try:
             axes = normalize_axes(axis, self.ndim)
-            if grad and op != "sum":
-                raise TypeError(
-                    f"{op} of a DistTensor that requires grad: its gradient across ranks is not implemented; "
-                    f"reduce x.detach() (or use a differentiable sum)"
-                )
         except (TypeError, ValueError) as e:
             error = e
         C.agree_arguments(self.grid.comm, op, error, axes=axes, keepdims=bool(keepdims), requires_grad=grad)

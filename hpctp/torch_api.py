@@ -75,8 +75,7 @@ def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs
             f"elementwise math, comparisons, torch.where; reductions are x.sum(), x.mean(), ...); apply it to "
             f"x.local and wrap the result with x.with_local(...) where that is right"
         )
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, DistTensor)]
-    ref = next((t for t in tensors if t.ndim > 0), tensors[0])
+    ref = DistTensor._layout_source((*args, *kwargs.values()))
     if ref.backend != "torch":
         raise TypeError(f"{name} needs torch blocks, got {ref.backend}; convert with x.to('torch') (or use numpy's)")
     out = func(*(_block(a, ref, name) for a in args), **{k: _block(v, ref, name) for k, v in kwargs.items()})

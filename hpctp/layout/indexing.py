@@ -95,6 +95,11 @@ def normalize_key(key: object, shape: Sequence[int]) -> tuple[Entry, ...]:
     return tuple(out)
 
 
+def _as_slices(entries: tuple[Entry, ...]) -> tuple[slice, ...]:
+    """The global selection per source dim, an int as a slice of length 1 (new dims skipped)."""
+    return tuple(e if isinstance(e, slice) else slice(e, e + 1, 1) for e in entries if e is not None)
+
+
 def _count(s: slice) -> int:
     return len(range(s.start, s.stop, s.step))
 
@@ -142,7 +147,7 @@ class IndexPlan:
     @property
     def selections(self) -> tuple[slice, ...]:
         """The global selection per source dim, an int as a slice of length 1."""
-        return tuple(e if isinstance(e, slice) else slice(e, e + 1, 1) for e in self.entries if e is not None)
+        return _as_slices(self.entries)
 
     def local_key(self, coords: Sequence[int]) -> tuple[slice, ...]:
         """The slices of the block at grid ``coords`` that hold its block of ``sliced``."""
@@ -176,7 +181,7 @@ def index_plan(layout: Layout, key: object) -> IndexPlan:
         As :func:`normalize_key`.
     """
     entries = normalize_key(key, layout.global_shape)
-    sel = [e if isinstance(e, slice) else slice(e, e + 1, 1) for e in entries if e is not None]
+    sel = _as_slices(entries)
     shape = tuple(_count(s) for s in sel)
     cuts = tuple(
         tuple(_selected_before(s, c) for c in layout.dim_cuts[d]) if layout.split[d] is not None else None

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..backend import Array, is_torch
 
-__all__ = ["ufunc_for"]
+__all__ = ["ufunc_for", "torch_operand"]
 
 # numpy ufunc names whose torch function is spelt differently (or means something else:
 # torch.equal compares whole tensors); the rest are torch's numpy-compatible aliases
@@ -25,6 +25,16 @@ _TORCH_NAMES = {
     "left_shift": "bitwise_left_shift",
     "right_shift": "bitwise_right_shift",
 }
+
+
+def torch_operand(value: Any, like: Any, dtype: Any = None) -> Any:
+    """Local. ``value`` as an operand of torch functions on blocks like ``like``: tensors pass
+    through, numbers become 0-d tensors on ``like``'s device (in ``dtype`` if given)."""
+    if is_torch(value):
+        return value
+    import torch
+
+    return torch.as_tensor(value, device=like.device, dtype=dtype)
 
 
 def ufunc_for(ufunc: np.ufunc, like: Array) -> Callable[..., Any]:
@@ -50,9 +60,8 @@ def ufunc_for(ufunc: np.ufunc, like: Array) -> Callable[..., Any]:
             f"numpy.{ufunc.__name__} has no torch counterpart for torch blocks; apply a torch function to "
             f"x.local and wrap the result with x.with_local(...)"
         )
-    device = like.device
 
     def call(*args: Any) -> Any:
-        return fn(*(a if is_torch(a) else torch.as_tensor(a, device=device) for a in args))
+        return fn(*(torch_operand(a, like) for a in args))
 
     return call

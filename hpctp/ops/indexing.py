@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, backend_name, from_numpy, is_device, is_torch, to_numpy
+from ..backend import Array, backend_name, broadcasts_to, from_numpy, is_device, is_torch, to_numpy
 from ..comm import ProcessGrid
 from ..layout.indexing import IndexPlan
 from .transfer import move_block
@@ -63,7 +63,7 @@ def value_block(value: Array, plan: IndexPlan, coords: tuple[int, ...]) -> Array
     """
     want = plan.result.global_shape
     shape = tuple(int(s) for s in value.shape)
-    if len(shape) > len(want) or any(s not in (1, w) for s, w in zip(shape[::-1], want[::-1])):
+    if not broadcasts_to(shape, want):
         raise ValueError(f"could not broadcast a value of shape {shape} into x[key] of shape {want}")
     v = value.reshape((1,) * (len(want) - len(shape)) + shape)
     ranges = plan.result.local_ranges(coords)

@@ -155,11 +155,15 @@ def reduce_block(
     axes = normalize_axes(axis, layout.ndim)
     if op != "sum" and dtype_kind(local) == "c":  # the dtype is the same on every rank: all raise
         raise TypeError(f"{op} of a complex tensor is not defined (no ordering); reduce abs(x) or x.real instead")
+    grad = needs_grad(local)
+    if grad and op != "sum":  # (requires_grad is agreed by the caller: all raise)
+        raise TypeError(
+            f"{op} of a DistTensor that requires grad: its gradient across ranks is not implemented; "
+            f"reduce x.detach() (or use a differentiable sum)"
+        )
     red = as_contiguous(_local_reduce(local, op, axes))
     grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]
-    if needs_grad(local):
-        if op != "sum":
-            raise TypeError(f"{op} of a tensor that requires grad has no gradient across ranks here; use a sum")
+    if grad:
         from ..nn.autograd_comm import allreduce_sum  # (nn builds on this module)
 
         red = allreduce_sum(red, grid, grid_axes) if grid_axes else red  # backward: the replicated gradient
