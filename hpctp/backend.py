@@ -298,6 +298,17 @@ def copy_into(dst: Array, src: Array) -> None:
         dst[...] = src
 
 
+def flip(x: Array, dims: Sequence[int]) -> Array:
+    """Local. ``x`` reversed along ``dims`` (a view for numpy and cupy, a copy for torch)."""
+    if not dims:
+        return x
+    if is_torch(x):
+        import torch
+
+        return torch.flip(x, tuple(dims))
+    return x[tuple(slice(None, None, -1) if d in dims else slice(None) for d in range(x.ndim))]
+
+
 def from_bytes(flat: Array, dtype: object, shape: tuple[int, ...]) -> Array:
     """Local. View a flat ``uint8`` buffer (any backend) as an array of ``dtype`` and ``shape``."""
     if is_torch(flat):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -27,11 +27,11 @@ from .backend import (
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_name
 from .ints import is_int
-from .layout import Layout
+from .layout import Layout, check_remap
 from .layout.indexing import index_plan
-from .ops.indexing import put_block, take_block
-from .ops.reduce import normalize_axes, reduce_block
-from .ops.transfer import gather_block, needs_grad, redistribute_block
+from .ops.indexing import forward_block, put_block, take_block
+from .ops.reduce import normalize_axes, ordered_axes, reduce_block
+from .ops.transfer import gather_block, move_block, needs_grad, redistribute_block
 
 __all__ = ["DistTensor"]
 
@@ -171,19 +171,22 @@ class DistTensor:
 
     # ------------------------------------------------------------------ indexing
     def __getitem__(self, key: object) -> DistTensor:
-        """Collective over grid when an int selects along a divided dim, else Local. ``x[key]``.
+        """Collective over grid when an int selects, or a negative step runs, along a divided
+        dim, else Local. ``x[key]``.
 
-        Basic indexing as numpy's: ints, slices with positive steps, ``...`` and ``None``;
-        every rank must pass the same key. Sliced dims stay divided over their grid axes
-        (uneven blocks where the selection meets them). An int along a divided dim removes
-        it: the element's owners send it along that grid axis (one redistribution, recorded
-        by autograd for torch blocks), and the result is replicated there.
+        Basic indexing as numpy's: ints, slices, ``...`` and ``None``; every rank must pass
+        the same key. Sliced dims stay divided over their grid axes (uneven blocks where the
+        selection meets them). A negative step keeps those blocks and reverses the elements
+        (mirror ranks along the grid axis swap them). An int along a divided dim removes it:
+        the element's owners send it along that grid axis, and the result is replicated
+        there. Either is one redistribution, recorded by autograd for torch blocks.
 
         Returns
         -------
         DistTensor
             Without communication the block is a view of ``self``'s (as numpy's basic
-            indexing); call ``.copy()`` for independent memory.
+            indexing; a torch block reversed along a whole dim is a copy); call ``.copy()``
+            for independent memory.
 
         Raises
         ------
@@ -192,12 +195,13 @@ class DistTensor:
         IndexError
             On an int out of range or too many indices.
         ValueError
-            On a slice step below 1.
+            On a slice step of 0.
         """
         plan = index_plan(self.layout, key)
         grad = needs_grad(self.local)
         if plan.moves:  # (ranks that disagree would pair different moves: check first)
-            C.agree_arguments(self.grid.comm, "DistTensor[key]", None, key=plan.entries, requires_grad=grad)
+            key = (plan.entries, plan.reverse)
+            C.agree_arguments(self.grid.comm, "DistTensor[key]", None, key=key, requires_grad=grad)
         return self._new(take_block(self.local, self.grid, plan, grad), plan.result)
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
@@ -255,7 +259,9 @@ class DistTensor:
             yield self[i]
 
     def __setitem__(self, key: object, value: object) -> None:
-        """Local. ``x[key] = value``: each rank writes the part of the selection it holds.
+        """Local, unless ``value`` is a DistTensor and ``key`` runs backwards along a divided dim
+        (then Collective over grid: the value's blocks are reversed first). ``x[key] = value``:
+        each rank writes the part of the selection it holds.
 
         Parameters
         ----------
@@ -283,7 +289,12 @@ class DistTensor:
                     f"{op} needs a value in the layout of x[key], {plan.result}; got {value.layout}: "
                     f"call value.redistribute(that layout) first"
                 )
-            put_block(self.local, plan, self.grid.coords, value.local, "block")
+            block = value.local
+            if plan.result_reverse:
+                if plan.moves:
+                    C.agree_arguments(self.grid.comm, op, None, key=(plan.entries, plan.reverse))
+                block = forward_block(block, self.grid, plan)
+            put_block(self.local, plan, self.grid.coords, block, "block")
         elif isinstance(value, (DistTensor, numbers.Number, np.generic)):
             put_block(self.local, plan, self.grid.coords, self._other(value, op), "scalar")
         elif isinstance(value, np.ndarray) or is_torch(value) or is_cupy(value):
@@ -565,6 +576,81 @@ class DistTensor:
         )
         x = self.local
         return self._new(x.permute(perm) if is_torch(x) else x.transpose(perm), layout)
+
+    def flip(self, axis: int | Sequence[int] | None = None) -> DistTensor:
+        """Collective over grid when a flipped dim is divided, else Local. The tensor reversed
+        along ``axis`` (every dim if None), as ``numpy.flip``, in this tensor's layout.
+
+        Mirror ranks along the grid axes of the flipped dims exchange their blocks (one
+        ``Alltoallv``, which also evens out uneven cuts); other dims flip within the block.
+        Differentiable for torch blocks that require grad (every rank must agree).
+
+        Raises
+        ------
+        ValueError
+            If an axis is out of range or repeated.
+        """
+        axes = normalize_axes(axis, self.ndim)
+        return self._remapped(tuple((d in axes, 0) for d in range(self.ndim)), "flip", axes, axis=axes)
+
+    def roll(self, shift: int | Sequence[int], axis: int | Sequence[int] | None = None) -> DistTensor:
+        """Collective over grid when a rolled dim is divided, else Local. The tensor with its
+        elements shifted cyclically by ``shift`` along ``axis``, as ``numpy.roll``, in this
+        tensor's layout (``x.roll(1, 0)[i] == x[i - 1]``).
+
+        Each block sends only the rows that leave it (one ``Alltoallv``: for a shift smaller
+        than a block, ``shift`` rows to the next rank along the grid axis), so periodic
+        stencils written as ``np.roll(u, 1, 0) + np.roll(u, -1, 0) - 2 * u`` stay cheap.
+        Differentiable for torch blocks that require grad (every rank must agree).
+
+        Parameters
+        ----------
+        shift : int or sequence of int
+            Broadcast against ``axis``, as numpy's; shifts of a repeated axis add up.
+        axis : int or sequence of int, optional
+            Required unless the tensor is 1-D (numpy's ``axis=None`` rolls the flattened
+            array, which a partitioned tensor does not have).
+
+        Raises
+        ------
+        TypeError
+            If a shift or axis is not an int.
+        ValueError
+            If ``axis`` is None for a tensor of more than one dim, out of range, or does not
+            broadcast against ``shift``.
+        """
+        if axis is None:
+            if self.ndim != 1:
+                raise ValueError(
+                    f"roll needs axis= for a tensor of {self.ndim} dims (numpy's axis=None rolls the flattened array, "
+                    f"which a partitioned tensor does not have): e.g. x.roll({shift!r}, axis=0)"
+                )
+            axis = 0
+        shifts, axes = np.asarray(shift), np.asarray(axis)
+        if any(v.dtype.kind not in "iu" or v.ndim > 1 for v in (shifts, axes)):
+            raise TypeError(
+                f"roll takes int shifts and axes (or sequences of them), got shift={shift!r}, axis={axis!r}"
+            )
+        if shifts.size != axes.size and 1 not in (shifts.size, axes.size):
+            raise ValueError(f"shift={shift!r} and axis={axis!r} do not broadcast against each other")
+        total = [0] * self.ndim
+        dims = set()
+        for s, a in np.broadcast(shifts, axes):
+            d = ordered_axes(int(a), self.ndim)[0]
+            total[d] += int(s)
+            dims.add(d)
+        return self._remapped(tuple((False, s) for s in total), "roll", dims, shift=tuple(total))
+
+    def _remapped(
+        self, remap: tuple[tuple[bool, int], ...], what: str, dims: Iterable[int], **arguments: object
+    ) -> DistTensor:
+        """This tensor in its own layout with ``remap`` (acting on ``dims``) applied (see
+        :func:`hpctp.layout.redistribution_plan`); collective when one of ``dims`` is divided."""
+        remap = check_remap(remap, self.global_shape)
+        grad = needs_grad(self.local)
+        if any(self.layout.parts(d) > 1 for d in dims):  # (a decision from the axes alone: a shift of 0 agrees too)
+            C.agree_arguments(self.grid.comm, what, None, requires_grad=grad, **arguments)
+        return self._new(move_block(self.local, self.grid, self.layout, self.layout, grad, remap))
 
     @property
     def T(self) -> DistTensor:  # noqa: N802 - numpy's name

@@ -2,20 +2,33 @@
 
 from .blocks import block_cuts, block_range, block_sizes, check_cuts, owner_of
 from .layout import Layout, grid_coords, grid_rank, normalize_split
-from .plan import Piece, RedistributionPlan, intersect, redistribution_plan
+from .plan import (
+    Piece,
+    RedistributionPlan,
+    Remap,
+    check_remap,
+    intersect,
+    inverse_remap,
+    moves_data,
+    redistribution_plan,
+)
 from .tiling import tiled_layout
 
 __all__ = [
     "Layout",
     "Piece",
     "RedistributionPlan",
+    "Remap",
     "block_cuts",
     "block_range",
     "block_sizes",
     "check_cuts",
+    "check_remap",
     "grid_coords",
     "grid_rank",
     "intersect",
+    "inverse_remap",
+    "moves_data",
     "normalize_split",
     "owner_of",
     "redistribution_plan",

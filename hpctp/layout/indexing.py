@@ -1,12 +1,14 @@
 """Basic indexing of a partitioned tensor: the layout of ``x[key]`` and each block's share (pure).
 
-``x[key]`` with ints, slices (positive steps), ``...`` and ``None`` selects, along every dim,
-an arithmetic progression of global indices; each block keeps the selected indices it holds,
-so a sliced dim stays divided over the same grid axis, with the (uneven) cuts where the
-blocks' selections meet. An int removes its dim: where the grid divides that dim, the one
-block holding the index has the element and the other blocks along that grid axis have
-nothing, so the result is made whole there (one move, see :class:`IndexPlan`) and is then
-replicated along that axis.
+``x[key]`` with ints, slices, ``...`` and ``None`` selects, along every dim, an arithmetic
+progression of global indices; each block keeps the selected indices it holds, so a sliced
+dim stays divided over the same grid axis, with the (uneven) cuts where the blocks'
+selections meet. A slice with a negative step selects the same indices as a positive one,
+in reverse: the blocks keep those cuts and the elements are flipped along the dim (between
+ranks when a grid axis divides it). An int removes its dim: where the grid divides that
+dim, the one block holding the index has the element and the other blocks along that grid
+axis have nothing, so the result is made whole there and is then replicated along that
+axis. Both take one move (see :class:`IndexPlan`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import numpy as np
 
 from ..ints import is_int
 from .layout import Layout
+from .plan import Remap, check_remap, moves_data
 
 __all__ = ["IndexPlan", "index_plan", "normalize_key"]
 
 Entry = int | slice | None  # per dim: an int (dim removed), a slice (resolved, step > 0); None: a new dim
+Key = tuple[tuple[Entry, ...], tuple[int, ...]]  # the entries, and the dims selected in reverse
 
 
 def _check_index_type(k: object) -> None:
@@ -42,12 +46,25 @@ def _slice_bound(v: object, what: str) -> None:
         raise TypeError(f"slice {what} must be an int or None, got {type(v).__name__} {v!r}")
 
 
-def normalize_key(key: object, shape: Sequence[int]) -> tuple[Entry, ...]:
-    """Local. ``key`` as one entry per result-building step: resolved ints and slices, ``None``.
+def _forward(s: slice, n: int) -> tuple[slice, bool]:
+    """The selection of ``s`` on a dim of size ``n`` as a resolved slice with a positive
+    step, and whether ``s`` takes it in reverse."""
+    r = range(*s.indices(n))
+    if r.step > 0:
+        return slice(r.start, r.stop, r.step), False
+    if not r:
+        return slice(0, 0, 1), True
+    return slice(r[-1], r[0] + 1, -r.step), True
+
+
+def normalize_key(key: object, shape: Sequence[int]) -> Key:
+    """Local. ``key`` as one entry per result-building step (resolved ints and slices, ``None``)
+    and the source dims whose slice runs backwards.
 
     ``...`` is expanded and missing trailing dims become full slices; ints are made
-    non-negative and slices resolved with :meth:`slice.indices`, so the entries hold only
-    in-range values (``len(entries) - entries.count(None) == len(shape)``).
+    non-negative and slices resolved with :meth:`slice.indices`, a negative step to the
+    positive slice of the same indices, so the entries hold only in-range values
+    (``len(entries) - entries.count(None) == len(shape)``).
 
     Raises
     ------
@@ -57,7 +74,7 @@ def normalize_key(key: object, shape: Sequence[int]) -> tuple[Entry, ...]:
     IndexError
         On too many indices, more than one ``...``, or an int out of range (as numpy).
     ValueError
-        On a slice step of 0 or below (a reversed selection would reorder the blocks).
+        On a slice step of 0 (as numpy).
     """
     items = key if isinstance(key, tuple) else (key,)
     for k in items:
@@ -71,6 +88,7 @@ def normalize_key(key: object, shape: Sequence[int]) -> tuple[Entry, ...]:
     at = next((i for i, k in enumerate(items) if k is Ellipsis), len(items))
     items = items[:at] + fill + items[at + 1 :]
     out: list[Entry] = []
+    reverse: list[int] = []
     d = 0
     for k in items:
         if k is None:
@@ -80,19 +98,19 @@ def normalize_key(key: object, shape: Sequence[int]) -> tuple[Entry, ...]:
         if isinstance(k, slice):
             for what, v in (("start", k.start), ("stop", k.stop), ("step", k.step)):
                 _slice_bound(v, what)
-            if k.step is not None and int(k.step) <= 0:
-                raise ValueError(
-                    f"slice step must be positive, got {int(k.step)} in dim {d}: a DistTensor's blocks stay in "
-                    f"global order (reverse a gathered array, or select with a positive step)"
-                )
-            out.append(slice(*k.indices(n)))
+            if k.step is not None and int(k.step) == 0:
+                raise ValueError(f"slice step cannot be zero (dim {d})")
+            sel, backwards = _forward(k, n)
+            out.append(sel)
+            if backwards:
+                reverse.append(d)
         else:
             i = int(k)  # type: ignore[call-overload]
             if not -n <= i < n:
                 raise IndexError(f"index {i} is out of bounds for dim {d} of size {n}")
             out.append(i % n)
         d += 1
-    return tuple(out)
+    return tuple(out), tuple(reverse)
 
 
 def _as_slices(entries: tuple[Entry, ...]) -> tuple[slice, ...]:
@@ -114,17 +132,20 @@ class IndexPlan:
     """Local. How ``x[key]`` is built from the blocks of a tensor in layout ``source``.
 
     Each rank takes :meth:`local_key` of its block, which holds its block of ``sliced`` (the
-    selection with every int kept as a dim of size 1). ``gathered`` is ``sliced`` with the
-    int dims that a grid axis divides made whole: when the two differ, one redistribution
-    moves the blocks from ``sliced`` to ``gathered``. Dropping the int dims (``drop``) and
-    inserting new dims of size 1 (``insert``, positions in the result) then gives the
-    blocks of ``result``.
+    selection with every int kept as a dim of size 1, in increasing index order).
+    ``gathered`` is ``sliced`` with the int dims that a grid axis divides made whole, and
+    ``remap`` flips the dims selected backwards: one redistribution (with that remap) goes
+    from ``sliced`` to ``gathered``, without messages where neither concerns a divided dim
+    (:attr:`moves`). Dropping the int dims (``drop``) and inserting new dims of size 1
+    (``insert``, positions in the result) then gives the blocks of ``result``.
 
     Attributes
     ----------
     source, sliced, gathered, result : Layout
     entries : tuple
         The normalized key (see :func:`normalize_key`).
+    reverse : tuple of int
+        Dims of ``sliced`` selected by a negative step.
     drop : tuple of int
         Dims of ``gathered`` selected by an int.
     insert : tuple of int
@@ -138,11 +159,31 @@ class IndexPlan:
     result: Layout
     drop: tuple[int, ...]
     insert: tuple[int, ...]
+    reverse: tuple[int, ...] = ()
+
+    @property
+    def remap(self) -> Remap:
+        """The flips from ``sliced`` to ``gathered`` (see :func:`hpctp.layout.redistribution_plan`)."""
+        return check_remap(tuple((d in self.reverse, 0) for d in range(self.sliced.ndim)), self.sliced.global_shape)
 
     @property
     def moves(self) -> bool:
-        """True when the plan redistributes (an int selects along a divided dim)."""
-        return self.gathered != self.sliced
+        """True when the plan sends messages: an int selects, or a negative step runs, along a
+        divided dim."""
+        return moves_data(self.sliced, self.gathered, self.remap)
+
+    @property
+    def result_reverse(self) -> tuple[int, ...]:
+        """Dims of ``result`` selected by a negative step."""
+        dims = []
+        d = r = 0
+        for e in self.entries:
+            if e is None or isinstance(e, slice):
+                if e is not None and d in self.reverse:
+                    dims.append(r)
+                r += 1
+            d += e is not None
+        return tuple(dims)
 
     @property
     def selections(self) -> tuple[slice, ...]:
@@ -169,7 +210,7 @@ def index_plan(layout: Layout, key: object) -> IndexPlan:
     ----------
     layout : Layout
     key : int, slice, Ellipsis, None or tuple of them
-        Basic indexing, as numpy's, with positive slice steps.
+        Basic indexing, as numpy's.
 
     Returns
     -------
@@ -180,7 +221,7 @@ def index_plan(layout: Layout, key: object) -> IndexPlan:
     TypeError, IndexError, ValueError
         As :func:`normalize_key`.
     """
-    entries = normalize_key(key, layout.global_shape)
+    entries, reverse = normalize_key(key, layout.global_shape)
     sel = _as_slices(entries)
     shape = tuple(_count(s) for s in sel)
     cuts = tuple(
@@ -214,4 +255,4 @@ def index_plan(layout: Layout, key: object) -> IndexPlan:
             rcuts.append(gathered.cuts[d])
         d += 1
     result = Layout(tuple(rshape), layout.grid_dims, tuple(split), tuple(rcuts))
-    return IndexPlan(layout, entries, sliced, gathered, result, tuple(ints), tuple(insert))
+    return IndexPlan(layout, entries, sliced, gathered, result, tuple(ints), tuple(insert), reverse)

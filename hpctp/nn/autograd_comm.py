@@ -37,7 +37,7 @@ from mpi4py import MPI
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
 from ..ints import is_int
-from ..layout import Layout
+from ..layout import Layout, Remap, check_remap, inverse_remap
 from ..ops.transfer import redistribute_block
 
 __all__ = [
@@ -218,19 +218,23 @@ def sum_gradients(x: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None
 
 
 class Redistribute(torch.autograd.Function):
-    """Collective over grid. Autograd node: move a block from ``src`` to ``dst``; backward moves back.
+    """Collective over grid. Autograd node: move a block from ``src`` to ``dst`` (flipping or
+    rolling dims by ``remap``, see :func:`hpctp.layout.redistribution_plan`); backward moves
+    the gradient back and undoes the remap (the adjoint of a permutation is its inverse).
 
     Use through :func:`redistribute`.
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout) -> torch.Tensor:  # type: ignore[override]
-        ctx.grid, ctx.src, ctx.dst = grid, src, dst
-        return redistribute_block(x.detach(), grid, src, dst)
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout, remap: Remap = ()
+    ) -> torch.Tensor:
+        ctx.grid, ctx.src, ctx.dst, ctx.back = grid, src, dst, inverse_remap(check_remap(remap, src.global_shape))
+        return redistribute_block(x.detach(), grid, src, dst, remap)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        return redistribute_block(grad.contiguous(), ctx.grid, ctx.dst, ctx.src), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        return redistribute_block(grad.contiguous(), ctx.grid, ctx.dst, ctx.src, ctx.back), None, None, None, None
 
 
 def redistribute(x: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout) -> torch.Tensor:

@@ -11,17 +11,19 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, backend_name, broadcasts_to, from_numpy, is_device, is_torch, to_numpy
+from ..backend import Array, backend_name, broadcasts_to, flip, from_numpy, is_device, is_torch, to_numpy
 from ..comm import ProcessGrid
+from ..layout import check_remap
 from ..layout.indexing import IndexPlan
 from .transfer import move_block
 
-__all__ = ["take_block", "put_block", "value_block"]
+__all__ = ["take_block", "put_block", "value_block", "forward_block"]
 
 
 def take_block(local: Array, grid: ProcessGrid, plan: IndexPlan, grad: bool) -> Array:
     """Collective over grid when ``plan.moves`` (then with the same ``grad`` on every rank), else
-    Local. This rank's block of ``x[key]``: a view of ``local`` when nothing moves.
+    Local. This rank's block of ``x[key]``: a view of ``local`` when nothing moves or is
+    reversed (reversed numpy and cupy blocks are views too).
 
     Parameters
     ----------
@@ -39,8 +41,19 @@ def take_block(local: Array, grid: ProcessGrid, plan: IndexPlan, grad: bool) -> 
     """
     block = local[plan.local_key(grid.coords)]
     if plan.moves:
-        block = move_block(block, grid, plan.sliced, plan.gathered, grad)
+        block = move_block(block, grid, plan.sliced, plan.gathered, grad, plan.remap)
+    else:
+        block = flip(block, plan.reverse)
     return block.reshape(plan.result.local_shape(grid.coords))
+
+
+def forward_block(value: Array, grid: ProcessGrid, plan: IndexPlan) -> Array:
+    """Collective over grid when a reversed dim of ``plan.result`` is divided, else Local.
+    This rank's block of a tensor in layout ``plan.result`` with the dims selected in
+    reverse flipped back, so that it lines up with the positions ``local_key`` writes."""
+    rev = plan.result_reverse
+    remap = check_remap(tuple((d in rev, 0) for d in range(plan.result.ndim)), plan.result.global_shape)
+    return move_block(value, grid, plan.result, plan.result, False, remap)
 
 
 def _like(v: Any, local: Array) -> Any:
@@ -65,7 +78,7 @@ def value_block(value: Array, plan: IndexPlan, coords: tuple[int, ...]) -> Array
     shape = tuple(int(s) for s in value.shape)
     if not broadcasts_to(shape, want):
         raise ValueError(f"could not broadcast a value of shape {shape} into x[key] of shape {want}")
-    v = value.reshape((1,) * (len(want) - len(shape)) + shape)
+    v = flip(value.reshape((1,) * (len(want) - len(shape)) + shape), plan.result_reverse)
     ranges = plan.result.local_ranges(coords)
     v = v[tuple(slice(None) if n == 1 else slice(a, b) for n, (a, b) in zip(v.shape, ranges))]
     return _to_selection(v, plan, coords)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, copy_into, empty_bytes, empty_like_backend, from_bytes, is_torch, pack
+from ..backend import Array, copy_into, empty_bytes, empty_like_backend, flip, from_bytes, is_torch, pack
 from ..comm import ProcessGrid
-from ..layout import Layout, grid_coords, redistribution_plan
+from ..layout import Layout, Remap, grid_coords, moves_data, redistribution_plan
 
 __all__ = ["redistribute_block", "move_block", "needs_grad", "gather_block", "scatter_block", "itemsize"]
 
@@ -17,38 +17,43 @@ def itemsize(x: Array) -> int:
     return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)
 
 
-def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout) -> Array:
-    """Collective over grid. Move a tensor from layout ``src`` to ``dst`` in one ``Alltoallv``.
+def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout, remap: Remap = ()) -> Array:
+    """Collective over grid when data moves between ranks (see :func:`hpctp.layout.moves_data`),
+    else Local. Move a tensor from layout ``src`` to ``dst`` in one ``Alltoallv``.
 
     Each rank sends only the boxes the receivers do not already hold (see
     :func:`hpctp.layout.redistribution_plan`); local overlap is copied without MPI.
     ``dst`` may be on another grid shape of ``grid``'s ranks (row-major rank order).
+    ``remap`` also flips or rolls dims on the way (``numpy.flip``/``numpy.roll`` of the
+    global tensor).
 
     Returns
     -------
     array
         The new local block, same backend, device and dtype as ``local``.
     """
-    plan = redistribution_plan(src, dst, grid.rank)
+    plan = redistribution_plan(src, dst, grid.rank, remap)
+    rev = plan.reversed_dims
     out = empty_like_backend(dst.local_shape(grid_coords(grid.rank, dst.grid_dims)), local.dtype, local)
-    item = itemsize(local)
-    sendcounts = [0] * grid.size
-    for p in plan.sends:
-        sendcounts[p.peer] = p.size * item
-    recvcounts = [0] * grid.size
-    for p in plan.recvs:
-        recvcounts[p.peer] = p.size * item
-    sendbuf = pack([local[p.slices] for p in plan.sends], local)
-    recvbuf = empty_bytes(sum(recvcounts), local)
-    C.alltoallv(grid.comm, sendbuf, sendcounts, recvbuf, recvcounts)
+    if moves_data(src, dst, plan.remap):
+        item = itemsize(local)
+        sendcounts = [0] * grid.size
+        for p in plan.sends:
+            sendcounts[p.peer] += p.size * item
+        recvcounts = [0] * grid.size
+        for p in plan.recvs:
+            recvcounts[p.peer] += p.size * item
+        sendbuf = pack([flip(local[p.slices], rev) for p in plan.sends], local)
+        recvbuf = empty_bytes(sum(recvcounts), local)
+        C.alltoallv(grid.comm, sendbuf, sendcounts, recvbuf, recvcounts)
+        offset = 0
+        for p in plan.recvs:  # (in the senders' packing order)
+            n = p.size * item
+            shape = tuple(hi - lo for lo, hi in p.box)
+            copy_into(out[(*p.slices, ...)], from_bytes(recvbuf[offset : offset + n], local.dtype, shape))
+            offset += n
     for src_sl, dst_sl in plan.local:
-        copy_into(out[(*dst_sl, ...)], local[src_sl])
-    offset = 0
-    for p in sorted(plan.recvs, key=lambda q: q.peer):
-        n = p.size * item
-        shape = tuple(hi - lo for lo, hi in p.box)
-        copy_into(out[(*p.slices, ...)], from_bytes(recvbuf[offset : offset + n], local.dtype, shape))
-        offset += n
+        copy_into(out[(*dst_sl, ...)], flip(local[src_sl], rev))
     return out
 
 
@@ -61,18 +66,19 @@ def needs_grad(block: Array) -> bool:
     return bool(block.requires_grad and torch.is_grad_enabled())
 
 
-def move_block(block: Array, grid: ProcessGrid, src: Layout, dst: Layout, grad: bool) -> Array:
-    """Collective over grid. :func:`redistribute_block`, differentiable when ``grad``.
+def move_block(block: Array, grid: ProcessGrid, src: Layout, dst: Layout, grad: bool, remap: Remap = ()) -> Array:
+    """Collective over grid when data moves between ranks, else Local. :func:`redistribute_block`,
+    differentiable when ``grad``.
 
     With ``grad`` (see :func:`needs_grad`; every rank must pass the same) the move is the
     autograd node :class:`hpctp.nn.autograd_comm.Redistribute`, whose backward moves the
-    gradient back from ``dst`` to ``src``.
+    gradient back from ``dst`` to ``src`` (undoing ``remap``).
     """
     if not grad:
-        return redistribute_block(block, grid, src, dst)
+        return redistribute_block(block, grid, src, dst, remap)
     from ..nn.autograd_comm import Redistribute  # (nn builds on this module: imported when needed)
 
-    return Redistribute.apply(block.contiguous(), grid, src, dst)  # type: ignore[union-attr]
+    return Redistribute.apply(block.contiguous(), grid, src, dst, remap)  # type: ignore[union-attr]
 
 
 def gather_block(local: Array, grid: ProcessGrid, layout: Layout, root: int | None = 0) -> Array | None:
