@@ -222,8 +222,10 @@ class DistTensor:
     def __torch_function__(
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        """Local. torch's pointwise functions on DistTensors with torch blocks: ``torch.relu(x)``,
-        ``torch.nn.functional.gelu(x)``, ``torch.where(c, x, y)``, differentiable, blockwise.
+        """Local (Collective over grid for ``torch.flip``/``torch.roll`` along divided dims).
+        torch's pointwise functions on DistTensors with torch blocks: ``torch.relu(x)``,
+        ``torch.nn.functional.gelu(x)``, ``torch.where(c, x, y)``, differentiable, blockwise;
+        ``torch.flip(x, dims)`` and ``torch.roll(x, shifts, dims)`` are :meth:`flip` and :meth:`roll`.
 
         Raises
         ------

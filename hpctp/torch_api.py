@@ -3,7 +3,8 @@
 torch hands a call with a DistTensor operand to ``DistTensor.__torch_function__``, which
 lands here. Pointwise functions (activations, elementwise math, comparisons, ``torch.where``)
 run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
-same layout as the other operands. Anything else (reductions, ``softmax`` along a dim that
+same layout as the other operands. ``torch.flip`` and ``torch.roll`` are the collective
+:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`. Anything else (reductions, ``softmax`` along a dim that
 may be divided, random ``dropout``, a plain tensor broadcast against a block) raises a
 TypeError: blockwise, it would not be the single-process result.
 """
@@ -19,7 +20,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from .tensor import DistTensor
 
-__all__ = ["POINTWISE", "apply_torch_function"]
+__all__ = ["MOVES", "POINTWISE", "apply_torch_function"]
 
 _TORCH = (
     "abs absolute acos acosh add angle asin asinh atan atan2 atanh ceil clamp clip conj_physical copysign cos cosh "
@@ -44,6 +45,17 @@ def _pointwise() -> dict[Callable[..., Any], str]:
 POINTWISE = _pointwise  # the supported functions (a call: built on first use)
 
 
+def _flip(x: DistTensor, dims: Any) -> DistTensor:
+    return x.flip(dims)
+
+
+def _roll(x: DistTensor, shifts: Any, dims: Any = None) -> DistTensor:
+    return x.roll(shifts, dims)
+
+
+MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {torch.flip: _flip, torch.roll: _roll}
+
+
 def _block(value: Any, ref: DistTensor, name: str) -> Any:
     if isinstance(value, DistTensor):
         return ref.local if value is ref else ref._other(value, name)
@@ -57,7 +69,8 @@ def _block(value: Any, ref: DistTensor, name: str) -> Any:
 
 
 def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
-    """Local. ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
+    """Local (Collective over grid for ``torch.flip``/``torch.roll`` along divided dims).
+    ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
 
     Raises
     ------
@@ -67,12 +80,15 @@ def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs
     ValueError
         On DistTensor operands of different layouts or grids.
     """
+    if func in MOVES and args and isinstance(args[0], DistTensor):
+        return MOVES[func](*args, **kwargs)
     name = _pointwise().get(func)
     if name is None:
         what = getattr(func, "__name__", repr(func))
         raise TypeError(
             f"torch function {what} is not supported on DistTensors: only pointwise ones are (activations, "
-            f"elementwise math, comparisons, torch.where; reductions are x.sum(), x.mean(), ...); apply it to "
+            f"elementwise math, comparisons, torch.where; also torch.flip and torch.roll; reductions are x.sum(), "
+            f"x.mean(), ...); apply it to "
             f"x.local and wrap the result with x.with_local(...) where that is right"
         )
     ref = DistTensor._layout_source((*args, *kwargs.values()))

@@ -26,6 +26,8 @@ def test_pointwise_functions_and_gradients_equal_torch(grid2d: hpctp.ProcessGrid
         "where": (lambda x, y: torch.where(x > y, x, 0.5 * y), lambda x, y: torch.where(x > y, x, 0.5 * y)),
         "atan2": (lambda x, y: torch.atan2(x, y), lambda x, y: torch.atan2(x, y)),
         "clamp": (lambda x, y: torch.clamp(x, min=-0.3, max=0.2), lambda x, y: torch.clamp(x, min=-0.3, max=0.2)),
+        "flip * y": (lambda x, y: torch.flip(x, (0, 2)) * y, lambda x, y: torch.flip(x, (0, 2)) * y),  # collective
+        "roll + y": (lambda x, y: torch.roll(x, (2, -1), (0, 1)) + y, lambda x, y: torch.roll(x, (2, -1), (0, 1)) + y),
         "exp - sum": (lambda x, y: torch.exp(x) - x.sum(), lambda x, y: torch.exp(x) - x.sum()),  # 0-d operand
     }
     for split, skew in itertools.product(_splits(grid2d), (False, True)):
