@@ -89,6 +89,14 @@ def _norm(x: DistTensor, ord: object = None, axis: object = None, keepdims: bool
     return x.norm()
 
 
+def _flip(m: DistTensor, axis: Any = None) -> DistTensor:
+    return m.flip(axis)
+
+
+def _roll(a: DistTensor, shift: Any, axis: Any = None) -> DistTensor:
+    return a.roll(shift, axis)
+
+
 def _method(func: Callable[..., Any]) -> Callable[..., Any]:
     """numpy's own implementation, which calls the DistTensor's method of that name."""
     return func._implementation  # type: ignore[attr-defined, no-any-return]
@@ -102,12 +110,17 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.allclose: _allclose,
     np.clip: _clip,
     np.linalg.norm: _norm,
+    np.flip: _flip,
+    np.flipud: lambda m: _flip(m, 0),
+    np.fliplr: lambda m: _flip(m, 1),
+    np.roll: _roll,
 }
 
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.allclose``, ``np.linalg.norm``), else Local. ``func(*args, **kwargs)`` for the numpy
+    ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``/``np.roll`` along divided dims,
+    else Local. ``func(*args, **kwargs)`` for the numpy
     functions in :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 
     Raises

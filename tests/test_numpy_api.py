@@ -110,6 +110,13 @@ def test_numpy_functions_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) ->
             "imag": (np.imag(z), np.imag(a * (1 - 2j))),
             "imag of real": (np.imag(x), np.zeros(SHAPE)),
             "norm": (np.linalg.norm(x), np.linalg.norm(a)),
+            "flip": (np.flip(x, (0, 2)), np.flip(a, (0, 2))),
+            "flipud fliplr": (np.fliplr(np.flipud(x)), np.fliplr(np.flipud(a))),
+            "roll": (np.roll(x, (1, -2), (0, 1)), np.roll(a, (1, -2), (0, 1))),
+            "periodic stencil": (
+                np.roll(x, 1, 0) + np.roll(x, -1, 0) - 2 * x,
+                np.roll(a, 1, 0) + np.roll(a, -1, 0) - 2 * a,
+            ),
         }
         for what, (got, want) in cases.items():
             assert_all(grid2d, isinstance(got, hpctp.DistTensor) and got.backend == backend, what)
