@@ -27,9 +27,9 @@ from .backend import (
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_name
 from .ints import is_int
-from .layout import Layout, check_remap
+from .layout import Layout, Remap, check_remap, moves_data
 from .layout.indexing import index_plan
-from .ops.indexing import forward_block, put_block, take_block
+from .ops.indexing import put_block, take_block
 from .ops.reduce import normalize_axes, ordered_axes, reduce_block
 from .ops.transfer import gather_block, move_block, needs_grad, redistribute_block
 
@@ -37,7 +37,8 @@ __all__ = ["DistTensor"]
 
 
 def _arithmetic(fn: Callable[[Any, Any], Any], op: str) -> tuple[Callable[..., DistTensor], Callable[..., DistTensor]]:
-    """Local. The operator ``op`` and its reflected form, elementwise on the blocks."""
+    """Local. The operator ``op`` and its reflected form, elementwise on the blocks (Collective
+    over grid when the operands are cut differently: see ``DistTensor._aligned``)."""
 
     def forward(self: DistTensor, other: object) -> DistTensor:
         return self._binary(other, fn, op)
@@ -49,8 +50,9 @@ def _arithmetic(fn: Callable[[Any, Any], Any], op: str) -> tuple[Callable[..., D
 
 
 def _comparison(fn: Callable[[Any, Any], Any], op: str) -> Callable[..., Any]:
-    """Local. The comparison ``op``: a boolean tensor; operands that are neither numbers nor
-    DistTensors are left to Python (``x == None`` is False)."""
+    """Local (Collective over grid for operands cut differently, as :func:`_arithmetic`). The
+    comparison ``op``: a boolean tensor; operands that are neither numbers nor DistTensors are
+    left to Python (``x == None`` is False)."""
 
     def compare(self: DistTensor, other: object) -> Any:
         if not isinstance(other, (DistTensor, numbers.Number, np.generic)):
@@ -261,24 +263,26 @@ class DistTensor:
             yield self[i]
 
     def __setitem__(self, key: object, value: object) -> None:
-        """Local, unless ``value`` is a DistTensor and ``key`` runs backwards along a divided dim
-        (then Collective over grid: the value's blocks are reversed first). ``x[key] = value``:
-        each rank writes the part of the selection it holds.
+        """Local, unless ``value`` is a DistTensor cut differently from ``x[key]`` or ``key`` runs
+        backwards along a divided dim (then Collective over grid: the value's blocks are aligned
+        with the selection first, in one move). ``x[key] = value``: each rank writes the part of
+        the selection it holds.
 
         Parameters
         ----------
         key : index
             As :meth:`__getitem__`.
         value : scalar, DistTensor or array
-            A number; a DistTensor in the layout of ``x[key]`` (0-d: a number); or a whole
+            A number; a DistTensor of ``x[key]``'s shape and split (0-d: a number), such as
+            ``u[2:] - u[:-2]`` for ``u[1:-1]``; or a whole
             numpy/torch/cupy array, the same on every rank, that broadcasts to ``x[key]``'s
             shape (numpy's rule; each rank uses its part).
 
         Raises
         ------
         TypeError, IndexError, ValueError
-            On a bad key (as :meth:`__getitem__`), a DistTensor value of another layout,
-            grid or backend, or a value that does not broadcast.
+            On a bad key (as :meth:`__getitem__`), a DistTensor value of another shape,
+            split, grid or backend, or a value that does not broadcast.
         """
         plan = index_plan(self.layout, key)
         op = "x[key] = value"
@@ -286,16 +290,9 @@ class DistTensor:
             value = np.asarray(value)
         if isinstance(value, DistTensor) and value.ndim > 0:
             self._check_partner(value, op)
-            if value.layout != plan.result:
-                raise ValueError(
-                    f"{op} needs a value in the layout of x[key], {plan.result}; got {value.layout}: "
-                    f"call value.redistribute(that layout) first"
-                )
             block = value.local
-            if plan.result_reverse:
-                if plan.moves:
-                    C.agree_arguments(self.grid.comm, op, None, key=(plan.entries, plan.reverse))
-                block = forward_block(block, self.grid, plan)
+            if value.layout != plan.result or plan.result_remap:  # (reversed dims: the value's order is flipped)
+                block = self._aligned(value, plan.result, op, plan.result_remap)
             put_block(self.local, plan, self.grid.coords, block, "block")
         elif isinstance(value, (DistTensor, numbers.Number, np.generic)):
             put_block(self.local, plan, self.grid.coords, self._other(value, op), "scalar")
@@ -685,16 +682,29 @@ class DistTensor:
 
         return sum_gradients(block, self.grid, axes)
 
+    def _aligned(self, other: DistTensor, layout: Layout, op: str, remap: Remap = ()) -> Array:
+        """``other``'s block in ``layout`` when the two differ only in their cuts (as ``u[1:]`` and
+        ``u[:-1]`` do): one redistribution (with ``remap``) that moves the rows between the cuts,
+        recorded by autograd. Collective over grid where data moves (every rank sees the same
+        layouts)."""
+        src = other.layout
+        if (src.global_shape, src.grid_dims, src.split) != (layout.global_shape, layout.grid_dims, layout.split):
+            raise ValueError(
+                f"'{op}' needs tensors with the same layout, got {layout} and {src}; call other.redistribute(x.layout) "
+                f"first (tensors of one shape and split, cut differently, are aligned automatically)"
+            )
+        grad = needs_grad(other.local)
+        if moves_data(src, layout, remap):
+            C.agree_arguments(self.grid.comm, op, None, requires_grad=grad)  # (the backward moves must pair up)
+        return move_block(other.local, self.grid, src, layout, grad, remap)
+
     def _other(self, other: object, op: str) -> Any:
         if isinstance(other, DistTensor):
             self._check_partner(other, op)
             if other.layout != self.layout:
                 if other.ndim == 0:
                     return self._broadcast_scalar(other.local)
-                raise ValueError(
-                    f"'{op}' needs tensors with the same layout, got {self.layout} and {other.layout}; "
-                    f"call other.redistribute(x.layout) first"
-                )
+                return self._aligned(other, self.layout, op)
             return other.local
         if isinstance(other, (numbers.Number, np.generic)):
             return other
@@ -712,11 +722,14 @@ class DistTensor:
         return self._new(out)
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        """Local. numpy's elementwise functions on DistTensors: ``np.exp(x)``, ``np.maximum(x, y)``.
+        """Local (Collective over grid for operands cut differently). numpy's elementwise functions
+        on DistTensors: ``np.exp(x)``, ``np.maximum(x, y)``.
 
         Each rank applies the ufunc to its blocks (torch blocks: the torch function of the
         same meaning; cupy blocks: cupy's), with numbers and tensors of the same layout (or
-        0-d ones) as the other operands; ``np.matmul(a, b)`` is ``a @ b`` (collective).
+        0-d ones) as the other operands. Tensors of the same shape and split whose cuts differ
+        (``u[1:]`` and ``u[:-1]``) are aligned to the first one's layout by one redistribution
+        that moves only the rows between the cuts. ``np.matmul(a, b)`` is ``a @ b`` (collective).
 
         Raises
         ------
@@ -725,7 +738,7 @@ class DistTensor:
             and other keywords, ufuncs with several outputs, numpy arrays as operands, or a
             ufunc torch has no counterpart of.
         ValueError
-            On operands of different layouts or grids.
+            On operands of different shapes, splits or grids.
         """
         from .numpy_api import apply_ufunc  # (it builds on this module)
 

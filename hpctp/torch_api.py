@@ -3,9 +3,11 @@
 torch hands a call with a DistTensor operand to ``DistTensor.__torch_function__``, which
 lands here. Pointwise functions (activations, elementwise math, comparisons, ``torch.where``)
 run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
-same layout as the other operands. ``torch.flip`` and ``torch.roll`` are the collective
-:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`. Anything else (reductions, ``softmax`` along a dim that
-may be divided, random ``dropout``, a plain tensor broadcast against a block) raises a
+same shape and split as the other operands (cut differently, they are aligned first, as in
+numpy's protocol). ``torch.flip`` and ``torch.roll`` are the collective
+:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`. Anything else
+(reductions, ``softmax`` along a dim that may be divided, random ``dropout``, a plain tensor
+broadcast against a block) raises a
 TypeError: blockwise, it would not be the single-process result.
 """
 

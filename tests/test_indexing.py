@@ -215,7 +215,7 @@ def test_setitem_from_disttensors(grid2d: hpctp.ProcessGrid) -> None:
     x[4, 2] = x.max()  # a replicated 0-d tensor is a number
     a[4, 2] = a.max()
     assert_equal(grid2d, x.gather(None), a)
-    with pytest.raises(ValueError, match="layout of x\\[key\\]"):
+    with pytest.raises(ValueError, match="x\\[key\\] = value. needs tensors with the same layout"):
         x[1:3] = x[2:4].redistribute((None, None, None)) if grid2d.size > 1 else x[1:4]
     with pytest.raises(TypeError, match="one backend"):
         x[1] = x[1].to("torch")
@@ -262,3 +262,55 @@ def test_transpose_is_a_view_with_permuted_layout(grid2d: hpctp.ProcessGrid, bac
     for bad in [(0, 1), (0, 0, 1), (0, 1, 3), (0, 1, 2.0)]:
         with pytest.raises(ValueError, match="is not a permutation of the 3 dims"):
             x.transpose(*bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- operands cut differently
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_differently_cut_operands_align(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    """``u[1:] - u[:-1]`` and the stencil update ``u[1:-1] = ... u[2:] ... u[:-2]`` as in numpy."""
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        a = _global(SHAPE)
+        x = _tensor(grid2d, split, skew, backend)
+        diff = x[1:] - x[:-1]
+        assert_all(grid2d, diff.layout == x[1:].layout, f"the left operand's layout: {diff.layout}")
+        assert_equal(
+            grid2d,
+            diff.gather(None),
+            torch.from_numpy(np.diff(a, axis=0)) if backend == "torch" else np.diff(a, axis=0),
+        )
+        x[1:-1, 1:-1] = x[1:-1, 1:-1] + 0.125 * (
+            x[2:, 1:-1] + x[:-2, 1:-1] + x[1:-1, 2:] + x[1:-1, :-2] - 4 * x[1:-1, 1:-1]
+        )
+        a[1:-1, 1:-1] = a[1:-1, 1:-1] + 0.125 * (
+            a[2:, 1:-1] + a[:-2, 1:-1] + a[1:-1, 2:] + a[1:-1, :-2] - 4 * a[1:-1, 1:-1]
+        )
+        x[::-2] = np.minimum(x[::-2], x[0::2])  # a reversed target, the value cut differently
+        a[::-2] = np.minimum(a[::-2], a[0::2])
+        got = x.gather(None)
+        assert_allclose(
+            grid2d, got.numpy() if backend == "torch" else got, a, rtol=1e-14, atol=1e-14, what=f"{split} {skew}"
+        )
+
+
+@pytest.mark.mpi
+def test_aligning_moves_only_the_rows_between_cuts(grid1d: hpctp.ProcessGrid) -> None:
+    x = hpctp.DistTensor(np.ones((4, 3)), grid1d, Layout((4 * grid1d.size, 3), grid1d.dims, (0, None)))
+    with hpctp.CommCounter() as c:
+        x[1:] - x[:-1]
+    assert_all(grid1d, c.bytes_sent <= 3 * 8, f"at most one row of 3 float64 per rank, sent {c.bytes_sent} bytes")
+
+
+@pytest.mark.mpi
+def test_aligned_operand_gradient(grid2d: hpctp.ProcessGrid) -> None:
+    w = torch.from_numpy(np.cos(_global(SHAPE)))[1:-1]
+    for skew in (False, True):
+        x = _tensor(grid2d, (0, 1, None), skew, "torch")
+        x.local.requires_grad_(True)
+        y = x[2:] - 2 * x[1:-1] + x[:-2]
+        (y.local * w[y.local_slices]).sum().backward()
+        ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
+        ((ref[2:] - 2 * ref[1:-1] + ref[:-2]) * w).sum().backward()
+        assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=0, what=f"skew={skew}")
+    with pytest.raises(ValueError, match=r"same layout.*call other.redistribute\(x.layout\)"):
+        x[1:] + x[1:].redistribute((None, None, None)) if grid2d.size > 1 else x[1:] + x[2:]

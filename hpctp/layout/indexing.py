@@ -173,6 +173,12 @@ class IndexPlan:
         return moves_data(self.sliced, self.gathered, self.remap)
 
     @property
+    def result_remap(self) -> Remap:
+        """The flips that put a tensor in ``result``'s order into the selection's increasing order."""
+        rev = self.result_reverse
+        return check_remap(tuple((d in rev, 0) for d in range(self.result.ndim)), self.result.global_shape)
+
+    @property
     def result_reverse(self) -> tuple[int, ...]:
         """Dims of ``result`` selected by a negative step."""
         dims = []

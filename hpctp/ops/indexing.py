@@ -13,11 +13,10 @@ import numpy as np
 
 from ..backend import Array, backend_name, broadcasts_to, flip, from_numpy, is_device, is_torch, to_numpy
 from ..comm import ProcessGrid
-from ..layout import check_remap
 from ..layout.indexing import IndexPlan
 from .transfer import move_block
 
-__all__ = ["take_block", "put_block", "value_block", "forward_block"]
+__all__ = ["take_block", "put_block", "value_block"]
 
 
 def take_block(local: Array, grid: ProcessGrid, plan: IndexPlan, grad: bool) -> Array:
@@ -45,15 +44,6 @@ def take_block(local: Array, grid: ProcessGrid, plan: IndexPlan, grad: bool) -> 
     else:
         block = flip(block, plan.reverse)
     return block.reshape(plan.result.local_shape(grid.coords))
-
-
-def forward_block(value: Array, grid: ProcessGrid, plan: IndexPlan) -> Array:
-    """Collective over grid when a reversed dim of ``plan.result`` is divided, else Local.
-    This rank's block of a tensor in layout ``plan.result`` with the dims selected in
-    reverse flipped back, so that it lines up with the positions ``local_key`` writes."""
-    rev = plan.result_reverse
-    remap = check_remap(tuple((d in rev, 0) for d in range(plan.result.ndim)), plan.result.global_shape)
-    return move_block(value, grid, plan.result, plan.result, False, remap)
 
 
 def _like(v: Any, local: Array) -> Any:
