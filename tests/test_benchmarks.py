@@ -50,6 +50,10 @@ SMALL = {
         ["time ratio hpctp/torch", "bytes sent per rank", "loss check"],
     ),
     "fft.py": (["--size", "24", "--reps", "1"], ["time ratio hpctp/numpy", "bytes sent per rank"]),
+    "stencil.py": (
+        ["--size", "48", "--steps", "2", "--reps", "1"],
+        ["time ratio hpctp/numpy", "bytes sent per rank and step", "result check"],
+    ),
     "io_read.py": (["--gib", "0.002", "--repeat", "1"], ["speed-up  :", "2 ranks   :"]),
 }
 
@@ -73,6 +77,9 @@ def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
         assert diff < 1e-5, out[-2000:]
     if script == "fft.py":  # the gathered distributed FFT equals numpy's
         assert float(out.split("max |numpy| =")[1].split()[0]) < 1e-12, out[-2000:]
+    if script == "stencil.py":  # np.roll on DistTensors and the halo version equal numpy's np.roll
+        checks = out.split("max |numpy| =")[1].split("\n")[0].replace(",", " ").split()
+        assert float(checks[0]) < 1e-12 and float(checks[2]) < 1e-12, out[-2000:]
     if script == "fno.py":  # only the truncated spectrum travels in forward, not the field
         ratio = float(out.split("forward / field =")[1].split()[0])
         assert ratio < 0.1, out[-2000:]
