@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _timing import single_process
 
 __all__ = [
     "parser",
@@ -131,17 +132,16 @@ def gather_stats(grid: Any, stats: Sequence[float]) -> np.ndarray:
 def reference_run(grid: Any, script: str, threads: int, argv: Sequence[str]) -> dict[str, float] | None:
     """Collective over grid. Rank 0 runs ``script --reference --threads T *argv`` in a fresh
     process (MPI environment removed) while the others sleep; its JSON result on rank 0."""
-    ref = None
-    if grid.rank == 0:
+
+    def run() -> tuple[dict[str, float], float]:
         cmd = [sys.executable, os.path.abspath(script), "--reference", "--threads", str(threads), *argv]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "HYDRA", "MPI"))}
         env["OMP_NUM_THREADS"] = str(threads)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-        ref = json.loads(done.stdout.strip().splitlines()[-1])
-    req = grid.comm.Ibarrier()  # other ranks sleep (not spin) while the reference runs
-    while not req.Test():
-        time.sleep(0.05)
-    return ref
+        return json.loads(done.stdout.strip().splitlines()[-1]), 0.0
+
+    out = single_process(grid, run)
+    return None if out is None else out[0]
 
 
 def report(table: np.ndarray, ref: dict[str, float], hpctp_line: str, ref_line: str) -> None:

@@ -20,6 +20,7 @@ import argparse
 import time
 
 import numpy as np
+from _timing import best_of, single_process
 
 import hpctp
 import hpctp.fft
@@ -33,18 +34,6 @@ def _field(n: int, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
     return np.sin(0.013 * i + 0.007 * j) * np.cos(0.011 * k) + 0.001 * (i + j + k)
 
 
-def _best(fn: object, reps: int, grid: hpctp.ProcessGrid) -> float:
-    out = float("inf")
-    for _ in range(reps + 1):  # the first is a warm-up (plans, allocations)
-        grid.comm.Barrier()
-        t = time.perf_counter()
-        fn()  # type: ignore[operator]
-        slowest = np.array([time.perf_counter() - t])
-        hpctp.comm.allreduce(grid.comm, slowest, "max")
-        out = min(out, float(slowest[0]))
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=256, help="edge n of the n^3 field (default 256)")
@@ -55,8 +44,8 @@ def main() -> None:
     lay = hpctp.Layout((n, n, n), grid.dims, (0, 1, None))
     rows, cols, _ = lay.local_ranges(grid.coords)
     x = hpctp.DistTensor(_field(n, rows, cols), grid, lay)
-    t_same = _best(lambda: hpctp.fft.rfftn(x), args.reps, grid)
-    t_any = _best(lambda: hpctp.fft.rfftn(x, out_split="any"), args.reps, grid)
+    t_same = best_of(lambda: hpctp.fft.rfftn(x), args.reps, grid)
+    t_any = best_of(lambda: hpctp.fft.rfftn(x, out_split="any"), args.reps, grid)
     with hpctp.CommCounter() as c_same:
         y = hpctp.fft.rfftn(x)
     with hpctp.CommCounter() as c_any:
@@ -64,21 +53,22 @@ def main() -> None:
     sent = np.array([c_same.bytes_sent, c_any.bytes_sent], dtype=np.float64)
     hpctp.comm.allreduce(grid.comm, sent, "max")
     got = y.gather(root=0)
-    ref = t_ref = None
-    if grid.rank == 0:
+
+    def reference() -> tuple[np.ndarray, float]:
         whole = _field(n, (0, n), (0, n))
-        t_ref = float("inf")
+        best = float("inf")
         for _ in range(args.reps + 1):
             t = time.perf_counter()
-            ref = np.fft.rfftn(whole)
-            t_ref = min(t_ref, time.perf_counter() - t)
-    req = grid.comm.Ibarrier()  # the other ranks sleep (not spin) while rank 0 runs the reference
-    while not req.Test():
-        time.sleep(0.05)
+            out = np.fft.rfftn(whole)
+            best = min(best, time.perf_counter() - t)
+        return out, best
+
+    timed = single_process(grid, reference)
     if grid.rank != 0:
         return
-    if got is None or ref is None or t_ref is None:
+    if got is None or timed is None:
         raise RuntimeError("rank 0 lacks the gathered result or the reference")
+    ref, t_ref = timed
     field = n**3 * 8
     diff = float(np.abs(got - ref).max() / np.abs(ref).max())
     print(f"field {n}^3 float64 ({field / 2**20:.0f} MiB), pencils: dims 0 and 1 over a {grid.dims} grid, dim 2 whole")

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _timing import best_of, single_process
 
 import hpctp
 
@@ -52,18 +52,6 @@ def _halo_steps(u: hpctp.DistTensor, steps: int) -> hpctp.DistTensor:
     return u.with_local(block)
 
 
-def _best(fn: Callable[[], object], reps: int, grid: hpctp.ProcessGrid) -> float:
-    out = float("inf")
-    for _ in range(reps + 1):  # the first is a warm-up (plans, allocations)
-        grid.comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        slowest = np.array([time.perf_counter() - t])
-        hpctp.comm.allreduce(grid.comm, slowest, "max")
-        out = min(out, float(slowest[0]))
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=4096, help="edge n of the n x n field (default 4096)")
@@ -75,8 +63,8 @@ def main() -> None:
     lay = hpctp.Layout((n, n), grid.dims, (0, 1))
     rows, cols = lay.local_ranges(grid.coords)
     u = hpctp.DistTensor(_field(rows, cols, n), grid, lay)
-    t_roll = _best(lambda: _roll_steps(u, steps), args.reps, grid)
-    t_halo = _best(lambda: _halo_steps(u, steps), args.reps, grid)
+    t_roll = best_of(lambda: _roll_steps(u, steps), args.reps, grid)
+    t_halo = best_of(lambda: _halo_steps(u, steps), args.reps, grid)
     with hpctp.CommCounter() as c_roll:
         by_roll = _roll_steps(u, steps)
     with hpctp.CommCounter() as c_halo:
@@ -84,21 +72,22 @@ def main() -> None:
     sent = np.array([c_roll.bytes_sent, c_halo.bytes_sent], dtype=np.float64) / steps
     hpctp.comm.allreduce(grid.comm, sent, "max")
     got_roll, got_halo = by_roll.gather(root=0), by_halo.gather(root=0)
-    ref = t_ref = None
-    if grid.rank == 0:
+
+    def reference() -> tuple[np.ndarray, float]:
         whole = _field((0, n), (0, n), n)
-        t_ref = float("inf")
+        best = float("inf")
         for _ in range(args.reps + 1):
             t = time.perf_counter()
-            ref = _roll_steps(whole, steps)
-            t_ref = min(t_ref, time.perf_counter() - t)
-    req = grid.comm.Ibarrier()  # the other ranks sleep (not spin) while rank 0 runs the reference
-    while not req.Test():
-        time.sleep(0.05)
+            out = _roll_steps(whole, steps)
+            best = min(best, time.perf_counter() - t)
+        return out, best
+
+    timed = single_process(grid, reference)
     if grid.rank != 0:
         return
-    if got_roll is None or got_halo is None or ref is None or t_ref is None:
+    if got_roll is None or got_halo is None or timed is None:
         raise RuntimeError("rank 0 lacks the gathered results or the reference")
+    ref, t_ref = timed
     scale = float(np.abs(ref).max())
     print(f"field {n}x{n} float64 ({n * n * 8 / 2**20:.0f} MiB) on a {grid.dims} grid, {steps} periodic 5-point steps")
     print(f"numpy np.roll, 1 process            : {t_ref / steps * 1e3:8.2f} ms/step")

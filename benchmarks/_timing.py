@@ -1,0 +1,35 @@
+"""Timing helpers shared by the benchmark scripts (no torch: numpy and hpctp only)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import hpctp
+
+
+def best_of(fn: Callable[[], object], reps: int, grid: hpctp.ProcessGrid) -> float:
+    """Collective over grid. The best of ``reps`` runs of ``fn`` after one warm-up (plans,
+    allocations), each timed by its slowest rank."""
+    out = float("inf")
+    for _ in range(reps + 1):
+        grid.comm.Barrier()
+        t = time.perf_counter()
+        fn()
+        slowest = np.array([time.perf_counter() - t])
+        hpctp.comm.allreduce(grid.comm, slowest, "max")
+        out = min(out, float(slowest[0]))
+    return out
+
+
+def single_process(grid: Any, fn: Callable[[], tuple[Any, float]]) -> tuple[Any, float] | None:
+    """Collective over grid. ``fn()`` (a result and its time) on rank 0 while the other ranks
+    sleep rather than spin, so the reference has the cores to itself; None elsewhere."""
+    out = fn() if grid.rank == 0 else None
+    req = grid.comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.05)
+    return out
