@@ -8,6 +8,7 @@ from . import comm, fft, halo, io, layout, linalg, perf, random
 from .comm import CommCounter, ProcessGrid
 from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
 from .halo import HaloExchange
+from .join import concatenate, stack
 from .layout import Layout, block_range
 from .linalg import matmul
 from .tensor import DistTensor
@@ -23,6 +24,7 @@ __all__ = [
     "__version__",
     "block_range",
     "comm",
+    "concatenate",
     "distribute",
     "empty",
     "fft",
@@ -37,5 +39,6 @@ __all__ = [
     "perf",
     "ones",
     "random",
+    "stack",
     "zeros",
 ]

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import comm as C
 from .backend import array_module, is_torch
+from .join import concatenate, numpy_style, stack
 from .ops.elementwise import torch_operand, ufunc_for
 from .tensor import DistTensor
 
@@ -114,6 +115,8 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.flipud: lambda m: _flip(m, 0),
     np.fliplr: lambda m: _flip(m, 1),
     np.roll: _roll,
+    np.concatenate: numpy_style(concatenate),
+    np.stack: numpy_style(stack),
 }
 
 
