@@ -6,6 +6,7 @@ operation computes what one device would compute on the whole tensor.
 
 from . import comm, fft, halo, io, layout, linalg, perf, random
 from .comm import CommCounter, ProcessGrid
+from .differences import diff, gradient
 from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
 from .halo import HaloExchange
 from .join import concatenate, stack
@@ -25,12 +26,14 @@ __all__ = [
     "block_range",
     "comm",
     "concatenate",
+    "diff",
     "distribute",
     "empty",
     "fft",
     "from_local",
     "fromfunction",
     "full",
+    "gradient",
     "halo",
     "io",
     "layout",

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import comm as C
 from .backend import array_module, is_torch
+from .differences import diff, gradient
 from .join import concatenate, numpy_style, stack
 from .ops.elementwise import torch_operand, ufunc_for
 from .tensor import DistTensor
@@ -98,6 +99,12 @@ def _roll(a: DistTensor, shift: Any, axis: Any = None) -> DistTensor:
     return a.roll(shift, axis)
 
 
+def _diff(a: DistTensor, n: int = 1, axis: int = -1, prepend: Any = np._NoValue, append: Any = np._NoValue) -> Any:  # type: ignore[attr-defined]
+    if prepend is not np._NoValue or append is not np._NoValue:  # type: ignore[attr-defined]
+        raise TypeError("numpy.diff on a DistTensor takes n and axis only (no prepend= or append=)")
+    return diff(a, n, axis)
+
+
 def _method(func: Callable[..., Any]) -> Callable[..., Any]:
     """numpy's own implementation, which calls the DistTensor's method of that name."""
     return func._implementation  # type: ignore[attr-defined, no-any-return]
@@ -115,6 +122,8 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.flipud: lambda m: _flip(m, 0),
     np.fliplr: lambda m: _flip(m, 1),
     np.roll: _roll,
+    np.diff: _diff,
+    np.gradient: gradient,
     np.concatenate: numpy_style(concatenate),
     np.stack: numpy_style(stack),
 }
@@ -122,8 +131,8 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``/``np.roll``/``np.concatenate``/
-    ``np.stack`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy
+    ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``/``np.roll``/``np.diff``/
+    ``np.gradient``/``np.concatenate``/``np.stack`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy
     functions in :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 
     Raises

@@ -747,7 +747,8 @@ class DistTensor:
     def __array_function__(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Collective over grid for reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
         ``np.allclose``, ``np.linalg.norm``) and for the moves of ``np.flip``, ``np.roll``,
-        ``np.concatenate`` and ``np.stack`` (along divided dims, or inputs cut differently), else
+        ``np.diff``, ``np.gradient``, ``np.concatenate`` and ``np.stack`` (along divided dims,
+        or inputs cut differently), else
         Local (``np.where``, ``np.isclose``, ``np.clip``, ``np.real``, ``np.imag``,
         ``np.shape``): numpy functions on DistTensors (:data:`hpctp.numpy_api.FUNCTIONS`).
 

@@ -1,0 +1,88 @@
+"""hpctp.diff / hpctp.gradient (and np.diff / np.gradient) against numpy and torch on the gathered field."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from test_indexing import SHAPE, _global, _splits, _tensor
+
+import hpctp
+from hpctp.testing import assert_all, assert_allclose
+
+
+def _np(x: object) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_diff_and_gradient_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    a = np.sin(_global(SHAPE))
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x0 = _tensor(grid2d, split, skew, backend)
+        x = x0.with_local(x0.local * 0 + (torch.from_numpy(a) if backend == "torch" else a)[x0.local_slices])
+        cases = {
+            "diff": (np.diff(x), np.diff(a)),
+            "diff n=2 axis=0": (hpctp.diff(x, 2, axis=0), np.diff(a, 2, axis=0)),
+            "gradient axis=0": (np.gradient(x, axis=0), np.gradient(a, axis=0)),
+            "gradient h, edge 2": (
+                np.gradient(x, 0.5, axis=1, edge_order=2),
+                np.gradient(a, 0.5, axis=1, edge_order=2),
+            ),
+            "gradient axis=(2, 0)": (hpctp.gradient(x, 0.3, 2.0, axis=(2, 0)), np.gradient(a, 0.3, 2.0, axis=(2, 0))),
+        }
+        for what, (got, want) in cases.items():
+            got = got if isinstance(got, tuple) else (got,)
+            want = want if isinstance(want, tuple) else (want,)
+            assert_all(grid2d, len(got) == len(want), f"{what}: {len(got)} results, numpy {len(want)}")
+            for g, w in zip(got, want):
+                assert_allclose(grid2d, _np(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"{what} {split} {skew}")
+        every = hpctp.gradient(x, edge_order=2)
+        layouts_kept = all(g.layout == x.layout for g in every)
+        assert_all(grid2d, len(every) == 3 and layouts_kept, "one derivative per dim, each in the field's layout")
+        for g, w in zip(every, np.gradient(a, edge_order=2)):
+            assert_allclose(grid2d, _np(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"all axes {split} {skew}")
+
+
+@pytest.mark.mpi
+def test_gradient_of_ints_is_float(grid1d: hpctp.ProcessGrid) -> None:
+    a = (np.arange(11) ** 2).astype(np.int64)
+    x = hpctp.distribute(a if grid1d.rank == 0 else None, grid1d, (0,))
+    g = np.gradient(x)
+    assert_all(grid1d, g.dtype == np.float64, f"float64, got {g.dtype}")
+    assert_allclose(grid1d, g.gather(None), np.gradient(a), rtol=0, atol=0)
+
+
+@pytest.mark.mpi
+def test_gradient_autograd_equals_torch(grid2d: hpctp.ProcessGrid) -> None:
+    w = torch.from_numpy(np.cos(_global(SHAPE)))
+    for skew, (dim, edge) in itertools.product((False, True), ((0, 1), (1, 2))):
+        x = _tensor(grid2d, (0, 1, None), skew, "torch")
+        x.local.requires_grad_(True)
+        g = hpctp.gradient(x, 0.7, axis=dim, edge_order=edge)
+        (g.local * w[g.local_slices]).sum().backward()
+        ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
+        (torch.gradient(ref, spacing=0.7, dim=dim, edge_order=edge)[0] * w).sum().backward()
+        assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=1e-12, what=f"dim {dim}")
+
+
+@pytest.mark.mpi
+def test_difference_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    x = _tensor(grid2d, (0, 1, None), True)
+    with pytest.raises(ValueError, match="edge_order must be 1 or 2"):
+        np.gradient(x, edge_order=3)
+    with pytest.raises(ValueError, match="too small along dim 0"):
+        np.gradient(x[:2], axis=0, edge_order=2)
+    with pytest.raises(TypeError, match="coordinate arrays are not supported"):
+        np.gradient(x, np.arange(7.0), axis=0)
+    with pytest.raises(TypeError, match="2 spacings given for 3 axes"):
+        np.gradient(x, 1.0, 2.0)
+    with pytest.raises(ValueError, match="order must be non-negative"):
+        np.diff(x, -1)
+    with pytest.raises(TypeError, match="no prepend= or append="):
+        np.diff(x, prepend=0.0)
+    with pytest.raises(ValueError, match="axis 3 is out of range"):
+        hpctp.diff(x, axis=3)
