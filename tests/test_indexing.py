@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -58,6 +59,27 @@ def _splits(grid: hpctp.ProcessGrid) -> list[tuple[int | None, ...]]:
     out += [tuple(axes[:3]) + (None,) * (3 - min(3, grid.ndim))]
     out += [(None,) + tuple(reversed(axes[:2])) + (None,) * (2 - min(2, grid.ndim))]
     return out
+
+
+def check_gradient(
+    grid: hpctp.ProcessGrid,
+    op: Callable[[hpctp.DistTensor], hpctp.DistTensor],
+    ref_op: Callable[[torch.Tensor], torch.Tensor],
+    skew: bool,
+    what: str,
+    atol: float = 0.0,
+) -> None:
+    """d/dX sum(W * op(X)) on the blocks of X (dims 0 and 1 divided, torch) equals torch's
+    d/dX sum(W * ref_op(X)) on the gathered tensor (float64, 1e-12 relative)."""
+    x = _tensor(grid, (0, 1, None), skew, "torch")
+    x.local.requires_grad_(True)
+    y = op(x)
+    ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
+    want = ref_op(ref)
+    w = torch.cos(torch.arange(want.numel(), dtype=torch.float64)).reshape(want.shape)
+    (y.local * w[y.local_slices]).sum().backward()
+    (want * w).sum().backward()
+    assert_allclose(grid, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=atol, what=f"{what} skew={skew}")
 
 
 # ---------------------------------------------------------------------------- pure block math
@@ -140,16 +162,9 @@ def test_getitem_views_and_moves(grid2d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 def test_getitem_gradient(grid2d: hpctp.ProcessGrid) -> None:
     """d/dX sum(W * X[key]) on the blocks equals torch's on the gathered tensor."""
-    w_full = torch.from_numpy(np.cos(_global(SHAPE)))
     for key in ((2, slice(1, 4)), (slice(None, None, 2), -1, None), (6, 4, 5), (slice(1, 6, 3),)):
-        x = _tensor(grid2d, (0, 1, None), True, "torch")
-        x.local.requires_grad_(True)
-        y = x[key]
-        w = w_full[key]
-        (y.local * w[y.local_slices]).sum().backward()
-        ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
-        (ref[key] * w).sum().backward()
-        assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=0, what=f"key={key}")
+        check_gradient(grid2d, lambda t, k=key: t[k], lambda t, k=key: t[k], True, f"key={key}")
+    w_full = torch.from_numpy(np.cos(_global(SHAPE)))
     for key in REVERSED:  # (torch has no negative steps: the gradient is W scattered back, as numpy writes it)
         x = _tensor(grid2d, (0, 1, None), True, "torch")
         x.local.requires_grad_(True)
@@ -303,14 +318,8 @@ def test_aligning_moves_only_the_rows_between_cuts(grid1d: hpctp.ProcessGrid) ->
 
 @pytest.mark.mpi
 def test_aligned_operand_gradient(grid2d: hpctp.ProcessGrid) -> None:
-    w = torch.from_numpy(np.cos(_global(SHAPE)))[1:-1]
     for skew in (False, True):
-        x = _tensor(grid2d, (0, 1, None), skew, "torch")
-        x.local.requires_grad_(True)
-        y = x[2:] - 2 * x[1:-1] + x[:-2]
-        (y.local * w[y.local_slices]).sum().backward()
-        ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
-        ((ref[2:] - 2 * ref[1:-1] + ref[:-2]) * w).sum().backward()
-        assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=0, what=f"skew={skew}")
+        check_gradient(grid2d, lambda t: t[2:] - 2 * t[1:-1] + t[:-2], lambda t: t[2:] - 2 * t[1:-1] + t[:-2], skew, "")
+    x = _tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match=r"same layout.*call other.redistribute\(x.layout\)"):
         x[1:] + x[1:].redistribute((None, None, None)) if grid2d.size > 1 else x[1:] + x[2:]
