@@ -166,6 +166,16 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         want = a.copy()
         want[2:, 3] = np.arange(7.0)
         assert_equal(grid2d, y.gather(None), want, "x[2:, 3] = host array")
+        s = np.roll(x, (1, -2), (0, 1)) + x[::-1, ::-1]  # remapped moves: leaving rows, reversed pieces
+        assert_all(grid2d, kind.holds(s.local), "roll and reversed slices keep the kind")
+        assert_equal(grid2d, s.gather(None), np.roll(a, (1, -2), (0, 1)) + a[::-1, ::-1], "roll + x[::-1, ::-1]")
+        d = x[1:] - x[:-1]  # operands cut differently: the right one aligned
+        assert_equal(grid2d, d.gather(None), np.diff(a, axis=0), "x[1:] - x[:-1]")
+        j = hpctp.concatenate([x, x[:3]], axis=0)
+        assert_all(grid2d, kind.holds(j.local), "concatenate keeps the kind")
+        assert_equal(grid2d, j.gather(None), np.concatenate([a, a[:3]], axis=0), "concatenate")
+        gr = np.gradient(x, 0.5, axis=1, edge_order=2)
+        assert_allclose(grid2d, gr.gather(None), np.gradient(a, 0.5, axis=1, edge_order=2), rtol=1e-14, what="gradient")
         if kind.like != "cupy":  # torch's pointwise functions and a differentiable sum on the device blocks
             xg = x.with_local(x.local.clone().requires_grad_(True))
             loss = (torch.tanh(xg * 0.01) - xg.mean()).sum()
