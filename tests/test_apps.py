@@ -15,6 +15,7 @@ from apps.common.config import load_config
 from apps.simulate.grayscott import GrayScott, initial_state
 from apps.simulate.run import save_snapshots, simulate
 from apps.surrogate.data import open_pairs
+from apps.surrogate.fronts import gradient_error
 from apps.surrogate.models import build_model
 from apps.surrogate.spectrum import band_errors, high_band_loss, high_band_mask
 from apps.surrogate.train import fit_delta_scale, make_optimizer, train_step
@@ -158,3 +159,26 @@ def test_band_errors_match_numpy_on_the_gathered_fields(grid2d: hpctp.ProcessGri
     assert_allclose(grid2d, np.array([low, high]), np.array(want), rtol=1e-12, what="band errors")
     total = np.linalg.norm(pred - truth) / np.linalg.norm(truth)
     assert_allclose(grid2d, np.hypot(low, high), total, rtol=1e-12, what="bands add up to the L2 error")
+
+
+@pytest.mark.mpi
+def test_gradient_error_matches_numpy_on_the_gathered_fields(grid2d: hpctp.ProcessGrid) -> None:
+    """The distributed gradient error (np.roll on DistTensors) equals numpy's on the whole fields."""
+    shape = (2, 2, 11, 9)
+    gen = np.random.default_rng(7)
+    truth = gen.standard_normal(shape)
+    pred = truth + 0.1 * gen.standard_normal(shape)
+    lay = hpctp.Layout(shape, grid2d.dims, (None, None, 0, 1 if grid2d.ndim > 1 else None))
+    sl = lay.local_slices(grid2d.coords)
+
+    def dist(a: np.ndarray) -> hpctp.DistTensor:
+        return hpctp.DistTensor(torch.from_numpy(np.ascontiguousarray(a[sl])), grid2d, lay)
+
+    def grad(a: np.ndarray) -> list[np.ndarray]:
+        return [(np.roll(a, -1, d) - np.roll(a, 1, d)) / 2 for d in (2, 3)]
+
+    num = sum((g**2).sum() for g in grad(pred - truth))
+    den = sum((g**2).sum() for g in grad(truth))
+    assert_allclose(
+        grid2d, gradient_error(dist(pred), dist(truth)), np.sqrt(num / den), rtol=1e-12, what="gradient error"
+    )

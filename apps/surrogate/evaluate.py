@@ -14,6 +14,7 @@ from hpctp.nn import relative_l2_error
 
 from .blocks import pointwise, with_local
 from .data import open_pairs
+from .fronts import gradient_error
 from .models import build_model
 from .spectrum import band_errors
 
@@ -38,14 +39,16 @@ def evaluate(
     dict
         ``surrogate`` (model error), ``persistence`` (error of predicting no change),
         ``pairs`` (count) and ``surrogate_low_k``/``surrogate_high_k`` (the parts of the model's error from
-        the low and high wavenumber band, :func:`apps.surrogate.spectrum.band_errors`); the
-        same on every rank.
+        the low and high wavenumber band, :func:`apps.surrogate.spectrum.band_errors`) and
+        ``surrogate_gradient`` (the relative error of its gradient,
+        :func:`apps.surrogate.fronts.gradient_error`); the same on every rank.
     """
     pairs = open_pairs(data, grid, cfg, "eval")
     model = load_model(cfg, checkpoint, pairs.layout.global_shape[0], grid)
     dtype = next(model.parameters()).dtype
     err_model, err_persist, shown = [], [], None
     err_bands: list[tuple[float, float]] = []
+    err_grad: list[float] = []
     with torch.no_grad():
         for i in range(len(pairs)):
             x, y = pairs.read_batch([i])
@@ -57,6 +60,7 @@ def evaluate(
             err_model.append(float(relative_l2_error(pred.local, yt, grid)))
             err_persist.append(float(relative_l2_error(xin.local, yt, grid)))
             err_bands.append(band_errors(pred, with_local(y, yt)))
+            err_grad.append(gradient_error(pred, with_local(y, yt)))
             if i == len(pairs) - 1:
                 shown = (x, y, pred)
     pairs.close()
@@ -66,6 +70,7 @@ def evaluate(
         "pairs": float(len(err_model)),
         "surrogate_low_k": float(np.mean([b[0] for b in err_bands])),
         "surrogate_high_k": float(np.mean([b[1] for b in err_bands])),
+        "surrogate_gradient": float(np.mean(err_grad)),
     }
     log.info(
         "held-out relative L2 error: surrogate %.4f, persistence baseline %.4f (%d pairs)",
@@ -75,6 +80,10 @@ def evaluate(
         "its share by wavenumber (hpctp.fft): %.4f from |k| <= k_max/2, %.4f from above (squares add up)",
         result["surrogate_low_k"], result["surrogate_high_k"],
     )  # fmt: skip
+    log.info(
+        "relative L2 error of its gradient (fronts; np.roll on the distributed fields): %.4f",
+        result["surrogate_gradient"],
+    )
     if plot and shown is not None:
         write_plot(plot, *shown, grid)
         log.info("plot written to %s", plot)
