@@ -106,12 +106,16 @@ def _diff(a: DistTensor, n: int = 1, axis: int = -1, prepend: Any = np._NoValue,
 
 
 def _method(func: Callable[..., Any]) -> Callable[..., Any]:
-    """numpy's own implementation, which calls the DistTensor's method of that name."""
+    """numpy's own implementation, which calls the DistTensor's method of that name (for
+    functions whose implementation does not retry a TypeError on a converted array, as
+    ``np.argmax``'s does: those call the method directly)."""
     return func._implementation  # type: ignore[attr-defined, no-any-return]
 
 
 FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     **{f: _method(f) for f in (np.sum, np.mean, np.max, np.min, np.amax, np.amin, np.real, np.imag)},
+    np.argmax: lambda a, axis=None, out=None, *, keepdims=False: a.argmax(axis, keepdims, out=out),
+    np.argmin: lambda a, axis=None, out=None, *, keepdims=False: a.argmin(axis, keepdims, out=out),
     **{f: _method(f) for f in (np.shape, np.ndim, np.size, np.transpose)},
     np.where: _where,
     np.isclose: _isclose,
@@ -131,7 +135,7 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``/``np.roll``/``np.diff``/
+    ``np.argmax``, ``np.argmin``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``/``np.roll``/``np.diff``/
     ``np.gradient``/``np.concatenate``/``np.stack`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy
     functions in :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 

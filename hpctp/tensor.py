@@ -432,6 +432,22 @@ class DistTensor:
         self._check_nonempty(axis, "min")
         return self._reduce("min", axis, keepdims)
 
+    def argmax(self, axis: int | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
+        """Collective over grid. Index of the largest element (also ``np.argmax(x)``); see
+        :func:`hpctp.search.argmax`."""
+        from .search import argmax  # (it builds on this module)
+
+        self._numpy_style("argmax", None, out)
+        return argmax(self, axis, keepdims)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
+        """Collective over grid. Index of the smallest element (also ``np.argmin(x)``); see
+        :func:`hpctp.search.argmin`."""
+        from .search import argmin  # (it builds on this module)
+
+        self._numpy_style("argmin", None, out)
+        return argmin(self, axis, keepdims)
+
     def mean(
         self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, dtype: object = None, out: None = None
     ) -> DistTensor:

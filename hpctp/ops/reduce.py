@@ -91,6 +91,34 @@ def _bool_as_uint8(x: Array) -> Array:
     return x.view(np.uint8) if np.dtype(x.dtype) == np.bool_ else x
 
 
+def _with_nan_flags(red: Array, op: str) -> Array:
+    """For ``max``/``min`` of floats: the values (a NaN replaced by the op's identity), then one
+    flag per value (``+1``/``-1`` where NaN, else 0), so one all-reduce with ``op`` also says
+    where any rank had a NaN: MPI's MAX and MIN compare, and a NaN loses every comparison."""
+    sign = 1.0 if op == "max" else -1.0
+    if is_torch(red):
+        import torch
+
+        nan = torch.isnan(red)
+        vals = torch.where(nan, torch.full_like(red, -sign * math.inf), red)
+        return torch.cat([vals.reshape(-1), (nan.to(red.dtype) * sign).reshape(-1)])
+    xp = array_module(red)
+    nan = xp.isnan(red)
+    vals = xp.where(nan, -sign * math.inf, red).astype(red.dtype, copy=False)
+    return xp.concatenate([vals.reshape(-1), (nan * sign).astype(red.dtype).reshape(-1)])
+
+
+def _nan_where_flagged(wire: Array, shape: tuple[int, ...]) -> Array:
+    """The reduced values of :func:`_with_nan_flags`'s buffer, NaN where a rank had one (numpy's max)."""
+    n = wire.shape[0] // 2
+    vals, flags = wire[:n].reshape(shape), wire[n:].reshape(shape)
+    if is_torch(wire):
+        import torch
+
+        return torch.where(flags != 0, torch.full_like(vals, math.nan), vals)
+    return array_module(wire).where(flags != 0, math.nan, vals).astype(wire.dtype, copy=False)
+
+
 def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
     """Reduce with keepdims; empty extents give the op's identity."""
     out_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
@@ -168,12 +196,16 @@ def reduce_block(
 
         red = allreduce_sum(red, grid, grid_axes) if grid_axes else red  # backward: the replicated gradient
     else:
-        wire = _bool_as_uint8(red)  # MPI has no MAX/MIN for booleans; 0/1 bytes order the same way
+        nan_aware = op != "sum" and dtype_kind(red) == "f" and bool(grid_axes)
+        # MPI has no MAX/MIN for booleans (0/1 bytes order the same way) and drops NaNs (flagged)
+        wire = _with_nan_flags(red, op) if nan_aware else _bool_as_uint8(red)
         if len(grid_axes) == grid.ndim and grid.ndim > 1:
             C.allreduce(grid.comm, wire, op)
         else:
             for g in grid_axes:
                 C.allreduce(grid.sub(g), wire, op)
+        if nan_aware:
+            red = _nan_where_flagged(wire, tuple(red.shape))
     shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))
     split = tuple(None if d in axes else s for d, s in enumerate(layout.split))
     cuts = tuple(None if d in axes else c for d, c in enumerate(layout.cuts))

@@ -1,0 +1,82 @@
+"""argmax / argmin of DistTensors (and np.argmax / np.argmin), and max / min with NaNs, against
+numpy on the gathered tensor."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from test_indexing import SHAPE, _global, _splits, _tensor
+
+import hpctp
+from hpctp.testing import assert_all, assert_equal
+
+
+def _np(x: object) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _with(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
+    block = a[x.local_slices].copy()
+    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_argmax_argmin_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    ties = np.round(np.sin(_global(SHAPE)) * 2)  # many equal extremes: the first one counts
+    nans = np.cos(_global(SHAPE))
+    nans[3, 1, 4] = nans[5, 0, 0] = np.nan  # a NaN is the extreme, as in numpy
+    ints = (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64)
+    for split, skew, (name, a) in itertools.product(
+        _splits(grid2d), (False, True), (("ties", ties), ("nans", nans), ("ints", ints))
+    ):
+        x = _with(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        for axis, keepdims in itertools.product((None, 0, 1, -1), (False, True)):
+            for op in ("argmax", "argmin"):
+                got = getattr(x, op)(axis, keepdims)
+                want = getattr(np, op)(a, axis=axis, keepdims=keepdims)
+                what = f"{name} {op} axis={axis} keepdims={keepdims} split={split} skew={skew}"
+                assert_all(grid2d, got.global_shape == np.shape(want), f"{what}: shape {got.global_shape}")
+                assert_equal(grid2d, _np(got.gather(None)).astype(np.int64), np.asarray(want), what)
+        assert_all(grid2d, int(np.argmax(x)) == int(np.argmax(a)), f"{name}: np.argmax dispatch")
+        assert_equal(grid2d, _np(np.argmin(x, axis=2).gather(None)), np.argmin(a, axis=2), f"{name}: np.argmin")
+
+
+@pytest.mark.mpi
+def test_argmax_of_a_tensor_that_requires_grad(grid2d: hpctp.ProcessGrid) -> None:
+    x = _tensor(grid2d, (0, 1, None), True, "torch")
+    x.local.requires_grad_(True)
+    a = _global(SHAPE)
+    assert_all(grid2d, int(x.argmax()) == int(np.argmax(a)), "an index of a tensor that requires grad")
+
+
+@pytest.mark.mpi
+def test_argmax_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    x = _tensor(grid2d, (0, 1, None), True)
+    with pytest.raises(TypeError, match="argmax takes an int axis or None"):
+        x.argmax((0, 1))
+    with pytest.raises(ValueError, match="axis 3 is out of range"):
+        x.argmin(3)
+    with pytest.raises(ValueError, match="argmax of an empty tensor"):
+        x[2:2].argmax(0)
+    with pytest.raises(TypeError, match="complex"):
+        (x * 1j).argmax()
+    with pytest.raises(TypeError, match="out=.... is not supported"):
+        np.argmax(x, out=np.zeros(()))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_max_min_propagate_nan_across_ranks(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    """numpy's max/min are NaN where any element is; MPI's MAX/MIN alone would drop a NaN held
+    by another rank."""
+    a = np.cos(_global(SHAPE))
+    a[0, 0, 0] = a[6, 4, 5] = a[3, 2, 1] = np.nan
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x = _with(_tensor(grid2d, split, skew, backend), a)
+        for op, axis in itertools.product(("max", "min"), (None, 0, 1, (0, 2))):
+            got = _np(getattr(x, op)(axis).gather(None))
+            assert_equal(grid2d, got, getattr(np, op)(a, axis=axis), f"{op} axis={axis} split={split} skew={skew}")
