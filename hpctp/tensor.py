@@ -710,8 +710,8 @@ class DistTensor:
                 f"first (tensors of one shape and split, cut differently, are aligned automatically)"
             )
         grad = needs_grad(other.local)
-        if moves_data(src, layout, remap):
-            C.agree_arguments(self.grid.comm, op, None, requires_grad=grad)  # (the backward moves must pair up)
+        if is_torch(other.local) and moves_data(src, layout, remap):  # (only torch blocks record moves;
+            C.agree_arguments(self.grid.comm, op, None, requires_grad=grad)  # their backward moves must pair up)
         return move_block(other.local, self.grid, src, layout, grad, remap)
 
     def _other(self, other: object, op: str) -> Any:
