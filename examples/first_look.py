@@ -10,6 +10,7 @@ k = hpctp.fft.rfftn(x)  # distributed FFT: numpy.fft.rfftn of the global tensor,
 a = x.gather(root=0)  # numpy array on rank 0, None elsewhere
 x[0, :] = 1.0  # global indexing: each rank writes the part of row 0 it holds
 inner = np.tanh(x[1:-1, 1:-1])  # a view per rank, no message; numpy ufuncs act on the blocks
+lap = np.roll(x, 1, 0) + np.roll(x, -1, 0) - 2 * x  # numpy's periodic stencil: one row moves per neighbour
 rows = hpctp.ProcessGrid([0])  # the same ranks as a 1-D grid
 z = inner.redistribute((0, None), grid=rows)  # onto another grid of the same ranks: row slabs
 norm = float(y.norm())  # collective: the same on every rank
@@ -26,14 +27,16 @@ loss = hpctp.nn.global_mse_loss(out.local, torch.zeros_like(out.local), grid)  #
 loss.backward()
 hpctp.nn.sync_gradients(torch.nn.ModuleList([conv, fno]), grid)  # single-process gradients everywhere
 
-gathered = [t.gather(0) for t in (w, c, k, z, u, out)]  # collective: every rank calls, rank 0 gets them
+gathered = [t.gather(0) for t in (w, c, k, z, u, out, lap)]  # collective: every rank calls, rank 0 gets them
 if grid.rank == 0:  # the same in one process, with numpy and torch
-    b, cg, kg, zg, ug, outg = gathered
+    b, cg, kg, zg, ug, outg, lg = gathered
     rel = lambda got, want: float(np.abs(got - want).max() / np.abs(want).max())  # noqa: E731
     print(f"matmul (SUMMA)         max rel. error vs numpy: {rel(cg, a @ b):.1e}")
     print(f"rfftn                  max rel. error vs numpy: {rel(kg, np.fft.rfftn(a)):.1e}")
     a[0, :] = 1.0
     print(f"np.tanh(x[1:-1, 1:-1]) equal to numpy's: {np.array_equal(zg, np.tanh(a[1:-1, 1:-1]))}")
+    lap1 = np.roll(a, 1, 0) + np.roll(a, -1, 0) - 2 * a
+    print(f"np.roll stencil        equal to numpy's: {np.array_equal(lg, lap1)}")
     conv1 = torch.nn.Conv2d(1, 8, 3, padding=1)
     conv1.load_state_dict(conv.state_dict())
     want = hpctp.nn.functional.spectral_conv_fft(torch.relu(conv1(torch.from_numpy(ug)[None, None])), fno.weight)

@@ -37,5 +37,6 @@ def test_first_look_matches_one_process(ranks: int) -> None:
     assert float(errors["matmul (SUMMA)"]) < 1e-13 and float(errors["rfftn"]) < 1e-13, out  # float64
     assert float(errors["Conv2d -> FNO layer"]) < 1e-5 and float(errors["conv weight gradient"]) < 1e-5, out  # float32
     assert "np.tanh(x[1:-1, 1:-1]) equal to numpy's: True" in out, out
+    assert "np.roll stencil        equal to numpy's: True" in out, out
     grid = "(1, 1)" if ranks == 1 else "(3, 1)"
     assert f"grid {grid}: rank 0 holds a" in out, out
