@@ -17,6 +17,7 @@ from .backend import (
     array_module,
     astype,
     backend_name,
+    broadcasts_to,
     check_array,
     convert,
     dtype_kind,
@@ -38,7 +39,8 @@ __all__ = ["DistTensor"]
 
 def _arithmetic(fn: Callable[[Any, Any], Any], op: str) -> tuple[Callable[..., DistTensor], Callable[..., DistTensor]]:
     """Local. The operator ``op`` and its reflected form, elementwise on the blocks (Collective
-    over grid when the operands are cut differently: see ``DistTensor._aligned``)."""
+    over grid when an operand must move first: cut differently, ``DistTensor._aligned``, or a
+    smaller operand broadcast in another layout, ``DistTensor._broadcast_operand``)."""
 
     def forward(self: DistTensor, other: object) -> DistTensor:
         return self._binary(other, fn, op)
@@ -154,10 +156,10 @@ class DistTensor:
 
     @staticmethod
     def _layout_source(operands: Sequence[object]) -> DistTensor:
-        """The operand whose layout an elementwise result takes: the first DistTensor with dims
-        (a 0-d one broadcasts against it), else the first DistTensor."""
+        """The operand whose layout an elementwise result takes: the first DistTensor of the
+        largest shape, against which the others broadcast (numpy's rule)."""
         tensors = [a for a in operands if isinstance(a, DistTensor)]
-        return next((t for t in tensors if t.ndim > 0), tensors[0])
+        return max(tensors, key=lambda t: (t.ndim, t.size))  # (max keeps the first of equals)
 
     def with_local(self, block: Array) -> DistTensor:
         """Local. A tensor of this layout and grid whose block on this rank is ``block``.
@@ -687,24 +689,52 @@ class DistTensor:
                 f"convert one with .to({self._place()!r})"
             )
 
-    def _broadcast_scalar(self, block: Array) -> Array:
-        """A replicated 0-d block used against this tensor's blocks. When autograd records it,
-        each rank's gradient of it covers only that rank's block: backward sums them over the
-        grid axes that divide this tensor (as the blocks' sum in one process)."""
-        axes = [g for g in self.split if g is not None and self.grid.dims[g] > 1]
+    def _broadcast_scalar(self, block: Array, dims: Iterable[int] | None = None) -> Array:
+        """A block, replicated along the grid axes that divide ``dims`` of this tensor (all dims
+        if None), that broadcasts against this tensor's blocks there (a 0-d tensor, a profile).
+        When autograd records it, each rank's gradient of it covers only that rank's block:
+        backward sums them over those grid axes (as the blocks' sum in one process)."""
+        dims = range(self.ndim) if dims is None else dims
+        axes = [g for g in (self.split[d] for d in dims) if g is not None and self.grid.dims[g] > 1]
         if not axes or not needs_grad(block):
             return block
         from .nn.autograd_comm import sum_gradients  # (torch is loaded: the block is a torch tensor)
 
         return sum_gradients(block, self.grid, axes)
 
-    def _aligned(self, other: DistTensor, layout: Layout, op: str, remap: Remap = ()) -> Array:
+    def _broadcast_operand(self, other: DistTensor, op: str) -> Array:
+        """``other``'s block to broadcast against this tensor's, as numpy broadcasts a smaller
+        array: its dims of this tensor's size take their split and cuts, its size-1 and missing
+        dims are whole (it is replicated along those grid axes). Collective over grid when
+        ``other`` must move into that layout (one redistribution)."""
+        shape, oshape = self.global_shape, other.global_shape
+        if not broadcasts_to(oshape, shape):
+            raise ValueError(
+                f"'{op}': a tensor of shape {oshape} does not broadcast against one of shape {shape} (numpy's rule, "
+                f"one way: the smaller operand broadcasts against the larger one's layout)"
+            )
+        lead = self.ndim - other.ndim
+        same = [e for e, n in enumerate(oshape) if n == shape[e + lead]]
+        target = Layout(
+            oshape,
+            self.layout.grid_dims,
+            tuple(self.split[e + lead] if e in same else None for e in range(other.ndim)),
+            tuple(self.layout.cuts[e + lead] if e in same else None for e in range(other.ndim)),
+        )
+        block = other.local if other.layout == target else self._aligned(other, target, op, check=False)
+        return self._broadcast_scalar(block, [d for d in range(self.ndim) if d - lead not in same])
+
+    def _aligned(self, other: DistTensor, layout: Layout, op: str, remap: Remap = (), check: bool = True) -> Array:
         """``other``'s block in ``layout`` when the two differ only in their cuts (as ``u[1:]`` and
-        ``u[:-1]`` do): one redistribution (with ``remap``) that moves the rows between the cuts,
-        recorded by autograd. Collective over grid where data moves (every rank sees the same
-        layouts)."""
+        ``u[:-1]`` do; any layout of its shape without ``check``): one redistribution (with
+        ``remap``) that moves the rows between the cuts, recorded by autograd. Collective over
+        grid where data moves (every rank sees the same layouts)."""
         src = other.layout
-        if (src.global_shape, src.grid_dims, src.split) != (layout.global_shape, layout.grid_dims, layout.split):
+        if check and (src.global_shape, src.grid_dims, src.split) != (
+            layout.global_shape,
+            layout.grid_dims,
+            layout.split,
+        ):
             raise ValueError(
                 f"'{op}' needs tensors with the same layout, got {layout} and {src}; call other.redistribute(x.layout) "
                 f"first (tensors of one shape and split, cut differently, are aligned automatically)"
@@ -720,6 +750,8 @@ class DistTensor:
             if other.layout != self.layout:
                 if other.ndim == 0:
                     return self._broadcast_scalar(other.local)
+                if other.global_shape != self.global_shape:
+                    return self._broadcast_operand(other, op)
                 return self._aligned(other, self.layout, op)
             return other.local
         if isinstance(other, (numbers.Number, np.generic)):
@@ -730,8 +762,8 @@ class DistTensor:
         )
 
     def _binary(self, other: object, fn: Callable[[Any, Any], Any], op: str, reflected: bool = False) -> DistTensor:
-        if self.ndim == 0 and isinstance(other, DistTensor) and other.ndim > 0:
-            # a replicated 0-d tensor (e.g. x.sum()) broadcasts on the left too: the result has other's layout
+        if isinstance(other, DistTensor) and DistTensor._layout_source((self, other)) is other:
+            # a smaller tensor (e.g. x.sum(), x.mean(0)) broadcasts on the left too: the result has other's layout
             return other._binary(self, fn, op, reflected=not reflected)
         o = self._other(other, op)
         out = fn(o, self.local) if reflected else fn(self.local, o)
@@ -742,10 +774,11 @@ class DistTensor:
         on DistTensors: ``np.exp(x)``, ``np.maximum(x, y)``.
 
         Each rank applies the ufunc to its blocks (torch blocks: the torch function of the
-        same meaning; cupy blocks: cupy's), with numbers and tensors of the same layout (or
-        0-d ones) as the other operands. Tensors of the same shape and split whose cuts differ
-        (``u[1:]`` and ``u[:-1]``) are aligned to the first one's layout by one redistribution
-        that moves only the rows between the cuts. ``np.matmul(a, b)`` is ``a @ b`` (collective).
+        same meaning; cupy blocks: cupy's), with numbers and tensors of the same layout as the
+        other operands. Tensors of the same shape and split whose cuts differ (``u[1:]`` and
+        ``u[:-1]``) are aligned to the first one's layout by one redistribution that moves only
+        the rows between the cuts; smaller tensors broadcast against the largest, as numpy's
+        (``x - x.mean(0)``), in its layout. ``np.matmul(a, b)`` is ``a @ b`` (collective).
 
         Raises
         ------
@@ -754,7 +787,8 @@ class DistTensor:
             and other keywords, ufuncs with several outputs, numpy arrays as operands, or a
             ufunc torch has no counterpart of.
         ValueError
-            On operands of different shapes, splits or grids.
+            On operands of one shape but different splits, shapes that do not broadcast against
+            the largest one, or different grids.
         """
         from .numpy_api import apply_ufunc  # (it builds on this module)
 
