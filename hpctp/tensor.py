@@ -762,7 +762,7 @@ class DistTensor:
         )
 
     def _binary(self, other: object, fn: Callable[[Any, Any], Any], op: str, reflected: bool = False) -> DistTensor:
-        if isinstance(other, DistTensor) and DistTensor._layout_source((self, other)) is other:
+        if isinstance(other, DistTensor) and other is not self and DistTensor._layout_source((self, other)) is other:
             # a smaller tensor (e.g. x.sum(), x.mean(0)) broadcasts on the left too: the result has other's layout
             return other._binary(self, fn, op, reflected=not reflected)
         o = self._other(other, op)

@@ -28,6 +28,8 @@ def test_smaller_operands_broadcast_as_in_numpy(grid2d: hpctp.ProcessGrid, backe
         rep = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (None,)).to(backend)
         cut = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (grid2d.ndim - 1,)).to(backend)
         cases = {
+            "x * x (one operand twice)": (x * x, a * a),
+            "x.mean(0) * x.mean(0)": (x * (x.mean(0) * x.mean(0)), a * (a.mean(0) * a.mean(0))),
             "x - x.mean(0)": (x - x.mean(0), a - a.mean(0)),
             "x.mean(0) - x": (x.mean(0) - x, a.mean(0) - a),
             "x / x.sum((0, 2), keepdims)": (x / x.sum((0, 2), keepdims=True), a / a.sum((0, 2), keepdims=True)),
