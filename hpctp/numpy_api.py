@@ -135,9 +135,10 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.argmax``, ``np.argmin``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``/``np.roll``/``np.diff``/
-    ``np.gradient``/``np.concatenate``/``np.stack`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy
-    functions in :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
+    ``np.argmax``, ``np.argmin``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
+    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.concatenate`` and ``np.stack`` where they
+    move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
+    :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 
     Raises
     ------

@@ -28,7 +28,7 @@ from .backend import (
 from .comm import ProcessGrid, check_grid
 from .dtypes import dtype_name
 from .ints import is_int
-from .layout import Layout, Remap, check_remap, moves_data
+from .layout import Layout, Remap, check_remap, flip_remap, moves_data
 from .layout.indexing import index_plan
 from .ops.indexing import put_block, take_block
 from .ops.reduce import normalize_axes, ordered_axes, reduce_block
@@ -608,7 +608,7 @@ class DistTensor:
             If an axis is out of range or repeated.
         """
         axes = normalize_axes(axis, self.ndim)
-        return self._remapped(tuple((d in axes, 0) for d in range(self.ndim)), "flip", axes, axis=axes)
+        return self._remapped(flip_remap(axes, self.global_shape), "flip", axes, axis=axes)
 
     def roll(self, shift: int | Sequence[int], axis: int | Sequence[int] | None = None) -> DistTensor:
         """Collective over grid when a rolled dim is divided, else Local. The tensor with its
@@ -798,9 +798,9 @@ class DistTensor:
         """Collective over grid for reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
         ``np.allclose``, ``np.linalg.norm``) and for the moves of ``np.flip``, ``np.roll``,
         ``np.diff``, ``np.gradient``, ``np.concatenate`` and ``np.stack`` (along divided dims,
-        or inputs cut differently), else
-        Local (``np.where``, ``np.isclose``, ``np.clip``, ``np.real``, ``np.imag``,
-        ``np.shape``): numpy functions on DistTensors (:data:`hpctp.numpy_api.FUNCTIONS`).
+        or inputs cut differently), else Local (``np.where``, ``np.isclose``, ``np.clip``,
+        ``np.real``, ``np.imag``, ``np.shape``): numpy functions on DistTensors
+        (:data:`hpctp.numpy_api.FUNCTIONS`).
 
         Raises
         ------

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ints import is_int
 from .layout import Layout
-from .plan import Remap, check_remap, moves_data
+from .plan import Remap, flip_remap, moves_data
 
 __all__ = ["IndexPlan", "index_plan", "normalize_key"]
 
@@ -164,7 +164,7 @@ class IndexPlan:
     @property
     def remap(self) -> Remap:
         """The flips from ``sliced`` to ``gathered`` (see :func:`hpctp.layout.redistribution_plan`)."""
-        return check_remap(tuple((d in self.reverse, 0) for d in range(self.sliced.ndim)), self.sliced.global_shape)
+        return flip_remap(self.reverse, self.sliced.global_shape)
 
     @property
     def moves(self) -> bool:
@@ -175,8 +175,7 @@ class IndexPlan:
     @property
     def result_remap(self) -> Remap:
         """The flips that put a tensor in ``result``'s order into the selection's increasing order."""
-        rev = self.result_reverse
-        return check_remap(tuple((d in rev, 0) for d in range(self.result.ndim)), self.result.global_shape)
+        return flip_remap(self.result_reverse, self.result.global_shape)
 
     @property
     def result_reverse(self) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -18,6 +18,7 @@ __all__ = [
     "RedistributionPlan",
     "Remap",
     "check_remap",
+    "flip_remap",
     "intersect",
     "inverse_remap",
     "moves_data",
@@ -109,9 +110,10 @@ def _runs(lo: int, hi: int, n: int, dmap: DimMap) -> list[tuple[int, int, int]]:
     return out
 
 
-def _dim_pieces(
-    src: Layout, d: int, lo: int, hi: int, dmap: DimMap
-) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
+DimPiece = tuple[int, tuple[int, int], tuple[int, int]]  # source block index, source range, destination range
+
+
+def _dim_pieces(src: Layout, d: int, lo: int, hi: int, dmap: DimMap) -> list[DimPiece]:
     """Dim ``d``'s destination ``[lo, hi)`` split by source block: ``(block index, source
     range, destination range)`` per piece."""
     cuts = src.dim_cuts[d]
@@ -125,9 +127,6 @@ def _dim_pieces(
                 dst = (j + b - b2, j + b - a2) if dmap[0] else (j + a2 - a, j + b2 - a)
                 out.append((q, (a2, b2), dst))
     return out
-
-
-DimPiece = tuple[int, tuple[int, int], tuple[int, int]]  # source block index, source range, destination range
 
 
 def _tables(src: Layout, dst: Layout, remap: Remap) -> list[list[list[DimPiece]]]:
@@ -162,6 +161,11 @@ def check_remap(remap: object, shape: tuple[int, ...]) -> Remap:
         raise ValueError(f"remap={items!r} must give one (reverse: bool, shift: int) pair per dim of {shape}")
     out = tuple((bool(r), int(s) % n if n else 0) for (r, s), n in zip(items, shape))
     return () if all(m == (False, 0) for m in out) else out
+
+
+def flip_remap(dims: Sequence[int], shape: tuple[int, ...]) -> Remap:
+    """Local. The remap that reverses ``dims`` of a tensor of ``shape`` (``numpy.flip``)."""
+    return check_remap(tuple((d in dims, 0) for d in range(len(shape))), shape)
 
 
 def inverse_remap(remap: Remap) -> Remap:
