@@ -4,7 +4,9 @@
 #   2. the device-block tests (tests/test_device_blocks.py: torch CUDA and cupy blocks through the
 #      comm layer, core ops, SUMMA, halo, nn layers, HDF5; staged, and CUDA-aware where the MPI
 #      reports it) plus the comm tests, on 1, 2 and 4 ranks;
-#   3. benchmarks/gpu_bench.py on 4 ranks: SUMMA and halo-conv ratios against torch on one GPU.
+#   3. where the MPI library is not CUDA-aware: the CUDA-aware kinds of those tests on 2 and 4 ranks,
+#      device memory allocated as CUDA managed memory (benchmarks/managed_alloc.c) that MPI can read;
+#   4. benchmarks/gpu_bench.py on 4 ranks: SUMMA and halo-conv ratios against torch on one GPU.
 # Every step gets what is left of one time budget (GPU_CHECK_BUDGET seconds, default 450), so the
 # script always ends and prints its summary.
 #
@@ -16,7 +18,7 @@
 # The log also goes to $OUT/gpu_check.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+PY=$(command -v "${PYTHON:-python3}")  # absolute: Open MPI launched by full path puts its own bin/ first on PATH
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 BUDGET=${GPU_CHECK_BUDGET:-450}
 PREFIX=${GPU_CHECK_PREFIX:-/tmp/hpctp-gpu-env}
@@ -52,13 +54,15 @@ if [ ${#need[@]} -gt 0 ]; then
   wheels=()
   for w in "${need[@]}"; do wheels+=(.whl/"$w"-*.whl); done
   echo "gpu_check: installing ${need[*]} from .whl/ into $PREFIX"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix "$PREFIX" "${wheels[@]}" ||
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix "$PREFIX" "${wheels[@]}" ||
     { echo "gpu_check: missing ${need[*]}; run benchmarks/gpu_wheels.sh where PyPI is reachable"; exit 1; }
   site=$("$PY" -c "import sysconfig; print(sysconfig.get_path('purelib', vars={'base': '$PREFIX', 'platbase': '$PREFIX'}))")
   export PYTHONPATH="$PYTHONPATH:$site" PATH="$PREFIX/bin:$PATH" LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 MPIEXEC=${MPIEXEC:-$(command -v mpiexec || echo mpiexec)}
 export MPIR_CVAR_ENABLE_HEAVY_YIELD=${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}  # MPICH: ranks may outnumber cores
+# Open MPI: GPU machines often run the check as root, which mpiexec refuses unless told
+export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 
 echo "gpu_check: device $DEVICE, budget ${BUDGET}s, $("$PY" --version 2>&1), mpiexec $MPIEXEC"
 if [ "$DEVICE" = cuda ]; then
@@ -75,6 +79,23 @@ for n in 1 2 4; do
   step "device-block and comm tests, $n rank(s)" "$MPIEXEC" -n "$n" tests/rank0_stdout.sh "$PY" -m pytest -q --with-mpi \
     --timeout=120 tests/test_device_blocks.py tests/test_comm.py
 done
+# The CUDA-aware path (device buffers handed to MPI, nothing staged) where the MPI library is not
+# CUDA-aware: torch and cupy allocate managed memory (benchmarks/managed_alloc.c), which that MPI
+# can read and write; Open MPI's single-copy (CMA) transport cannot, so it copies through shared memory.
+aware_query='import sys, hpctp.comm as c; sys.exit(not c.cuda_aware_reason(override=False)[0])'
+if [ "$DEVICE" = cuda ] && ! "$PY" -c "$aware_query"; then
+  so=/tmp/hpctp_managed_alloc.so
+  NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  if "$NVCC" -shared -Xcompiler -fPIC -cudart shared -o "$so" benchmarks/managed_alloc.c; then
+    for n in 2 4; do
+      step "CUDA-aware path on managed memory, $n ranks" env HPCTP_TEST_MANAGED_ALLOC="$so" \
+        OMPI_MCA_btl_vader_single_copy_mechanism=none "$MPIEXEC" -n "$n" tests/rank0_stdout.sh "$PY" -m pytest \
+        -q --with-mpi --timeout=120 tests/test_device_blocks.py -k aware
+    done
+  else
+    SUMMARY+=("FAIL  building benchmarks/managed_alloc.c with $NVCC"); status=1
+  fi
+fi
 step "gpu_bench.py, 4 ranks" "$MPIEXEC" -n 4 "$PY" benchmarks/gpu_bench.py "${BENCH[@]}" "$@"
 
 echo "=== summary ($((SECONDS - START))s of ${BUDGET}s) ==="

@@ -7,14 +7,17 @@ Each test runs once per *kind* of block, and must equal numpy/torch on the gathe
   staging logic (copies in and out, buffer reuse) without a GPU.
 * ``cuda-staged`` / ``cupy-staged`` (a GPU is visible): torch CUDA tensors / cupy arrays with
   ``HPCTP_CUDA_AWARE=0``, staged through pinned host buffers.
-* ``cuda-aware`` / ``cupy-aware`` (a GPU, and an MPI library that reports CUDA support):
-  device buffers handed to MPI directly, nothing staged.
+* ``cuda-aware`` / ``cupy-aware`` (a GPU, and an MPI library that reports CUDA support, or
+  device memory allocated as CUDA managed memory, which any MPI can read: see
+  ``_managed_memory``): device buffers handed to MPI directly, nothing staged.
 
-``benchmarks/gpu_check.sh`` runs the GPU kinds (``-k "cuda or cupy"``) on 1, 2 and 4 ranks.
+``benchmarks/gpu_check.sh`` runs this file on 1, 2 and 4 ranks; where the MPI library is not
+CUDA-aware it runs the aware kinds once more on managed memory (``-k aware``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +68,30 @@ class Kind:
         return is_torch(x) and x.device.type == self.device
 
 
+def _managed_memory() -> bool:
+    """``HPCTP_TEST_MANAGED_ALLOC=<benchmarks/managed_alloc.c built as a .so>``: allocate torch CUDA
+    and cupy memory as CUDA managed memory, which the CPU can read and write too. An MPI library
+    that is not CUDA-aware can then be handed device buffers directly, so the CUDA-aware path of
+    the comm layer (nothing staged) runs on a GPU machine without a CUDA-aware MPI."""
+    path = os.environ.get("HPCTP_TEST_MANAGED_ALLOC", "")
+    if not path or not torch.cuda.is_available():
+        return False
+    managed = torch.cuda.memory.CUDAPluggableAllocator(path, "hpctp_managed_malloc", "hpctp_managed_free")
+    torch.cuda.memory.change_current_allocator(managed)  # before the first CUDA tensor
+    try:
+        import cupy
+
+        cupy.cuda.set_allocator(cupy.cuda.MemoryPool(cupy.cuda.malloc_managed).malloc)
+    except ImportError:
+        pass
+    return True
+
+
 def _gpu_kinds() -> list[Kind]:
     if not torch.cuda.is_available():
         return []
-    aware = hpctp.comm.cuda_aware_reason(override=False)[0]  # forcing it on a plain MPI would crash
+    # forcing the CUDA-aware path on a plain MPI would crash, unless device memory is managed
+    aware = hpctp.comm.cuda_aware_reason(override=False)[0] or _managed_memory()
     out = [Kind("cuda-staged", "cuda", False)] + ([Kind("cuda-aware", "cuda", True)] if aware else [])
     try:
         import cupy
