@@ -148,6 +148,8 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
     rank0 = grid2d.rank == 0
     x = hpctp.distribute(kind.block(a) if rank0 else None, grid2d, (0, 1))
     b = hpctp.distribute(kind.block(a.T * 0.5) if rank0 else None, grid2d, (1, 0))
+    b3 = a[None] * (1 - 0.5j)
+    x3 = hpctp.distribute(kind.block(b3) if rank0 else None, grid2d, (None, 0, 1))
     assert_all(grid2d, kind.holds(x.local) and kind.holds(b.local), "distribute: blocks of this kind")
 
     def run() -> None:
@@ -174,6 +176,14 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         f = hpctp.fft.rfftn(x)  # the backend's own FFT on the blocks (divided along both dims: merged grid)
         assert_all(grid2d, kind.holds(f.local), "FFT keeps the kind")
         assert_allclose(grid2d, f.gather(None), np.fft.rfftn(a), rtol=1e-12, atol=1e-9, what="rfftn")
+        back = hpctp.fft.irfftn(f, n=a.shape[1])  # the backend's ifft, then its irfft
+        assert_all(grid2d, kind.holds(back.local), "inverse FFT keeps the kind")
+        assert_allclose(grid2d, back.gather(None), a, rtol=1e-12, atol=1e-9, what="irfftn(rfftn(x))")
+        z = hpctp.fft.fftn(x3, axes=(1, 2))  # on a 2x2 grid some ranks hold empty blocks in a step
+        assert_allclose(grid2d, z.gather(None), np.fft.fftn(b3, axes=(1, 2)), rtol=1e-12, atol=1e-9, what="fftn")
+        z = hpctp.fft.ifftn(z, axes=(1, 2))
+        assert_all(grid2d, kind.holds(z.local), "complex inverse FFT keeps the kind")
+        assert_allclose(grid2d, z.gather(None), b3, rtol=1e-12, atol=1e-9, what="ifftn(fftn(x))")
         e = hpctp.fft.radial_spectrum(x)  # binned with the backend's own bincount
         want = hpctp.fft.radial_spectrum(x.to("numpy"))
         assert_allclose(grid2d, e, want, rtol=1e-12, atol=1e-12, what="radial_spectrum vs numpy blocks")
