@@ -5,6 +5,7 @@ operation computes what one device would compute on the whole tensor.
 """
 
 from . import comm, fft, halo, io, layout, linalg, perf, random
+from .broadcast import broadcast_to
 from .comm import CommCounter, ProcessGrid
 from .differences import diff, gradient
 from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
@@ -12,6 +13,7 @@ from .halo import HaloExchange
 from .join import concatenate, stack
 from .layout import Layout, block_range
 from .linalg import matmul
+from .pad import pad
 from .tensor import DistTensor
 
 __version__ = "0.1.0"
@@ -24,6 +26,7 @@ __all__ = [
     "ProcessGrid",
     "__version__",
     "block_range",
+    "broadcast_to",
     "comm",
     "concatenate",
     "diff",
@@ -41,6 +44,7 @@ __all__ = [
     "matmul",
     "perf",
     "ones",
+    "pad",
     "random",
     "stack",
     "zeros",

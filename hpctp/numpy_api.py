@@ -17,9 +17,11 @@ import numpy as np
 
 from . import comm as C
 from .backend import array_module, is_torch
+from .broadcast import broadcast_to
 from .differences import diff, gradient
 from .join import concatenate, numpy_style, stack
 from .ops.elementwise import torch_operand, ufunc_for
+from .pad import pad
 from .tensor import DistTensor
 
 __all__ = ["apply_ufunc", "apply_function", "FUNCTIONS"]
@@ -105,6 +107,14 @@ def _diff(a: DistTensor, n: int = 1, axis: int = -1, prepend: Any = np._NoValue,
     return diff(a, n, axis)
 
 
+def _pad(array: DistTensor, pad_width: Any, mode: Any = "constant", **kwargs: Any) -> Any:
+    allowed = {"constant": {"constant_values"}, "reflect": {"reflect_type"}, "symmetric": {"reflect_type"}}
+    extra = set(kwargs) - allowed.get(mode, set()) if isinstance(mode, str) else set()
+    if extra:
+        raise ValueError(f"unsupported keyword arguments for mode {mode!r}: {sorted(extra)}")
+    return pad(array, pad_width, mode, **kwargs)
+
+
 def _method(func: Callable[..., Any]) -> Callable[..., Any]:
     """numpy's own implementation, which calls the DistTensor's method of that name (for
     functions whose implementation does not retry a TypeError on a converted array, as
@@ -130,14 +140,16 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.gradient: gradient,
     np.concatenate: numpy_style(concatenate),
     np.stack: numpy_style(stack),
+    np.pad: _pad,
+    np.broadcast_to: lambda array, shape, subok=False: broadcast_to(array, shape),
 }
 
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
     ``np.argmax``, ``np.argmin``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
-    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.concatenate`` and ``np.stack`` where they
-    move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
+    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
+    ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
     :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 
     Raises

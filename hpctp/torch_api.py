@@ -5,7 +5,7 @@ lands here. Pointwise functions (activations, elementwise math, comparisons, ``t
 run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
 same shape and split as the other operands (cut differently, they are aligned first, as in
 numpy's protocol). ``torch.flip`` and ``torch.roll`` are the collective
-:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`. Anything else
+:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`. Anything else
 (reductions, ``softmax`` along a dim that may be divided, random ``dropout``, a plain tensor
 broadcast against a block) raises a
 TypeError: blockwise, it would not be the single-process result.
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from .pad import pad as numpy_pad
 from .tensor import DistTensor
 
 __all__ = ["MOVES", "POINTWISE", "apply_torch_function"]
@@ -55,7 +56,23 @@ def _roll(x: DistTensor, shifts: Any, dims: Any = None) -> DistTensor:
     return x.roll(shifts, dims)
 
 
-MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {torch.flip: _flip, torch.roll: _roll}
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def _pad(x: DistTensor, pad: Any, mode: str = "constant", value: Any = None) -> DistTensor:
+    """``F.pad``: pairs for the last dims first, torch's mode names (negative pads, which crop,
+    are refused by :func:`hpctp.pad`)."""
+    flat = list(pad)
+    if len(flat) % 2 or len(flat) // 2 > x.ndim or mode not in _PAD_MODES:
+        raise ValueError(
+            f"F.pad on a DistTensor: pad={tuple(flat)} must hold one (left, right) pair per padded dim, last dim "
+            f"first, for at most {x.ndim} dims, and mode={mode!r} one of {', '.join(_PAD_MODES)}"
+        )
+    widths = [(0, 0)] * (x.ndim - len(flat) // 2) + [(flat[i], flat[i + 1]) for i in range(len(flat) - 2, -1, -2)]
+    return numpy_pad(x, widths, _PAD_MODES[mode], constant_values=0 if value is None else value)
+
+
+MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {torch.flip: _flip, torch.roll: _roll, F.pad: _pad}
 
 
 def _block(value: Any, ref: DistTensor, name: str) -> Any:
@@ -71,7 +88,7 @@ def _block(value: Any, ref: DistTensor, name: str) -> Any:
 
 
 def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
-    """Local (Collective over grid for ``torch.flip``/``torch.roll`` along divided dims).
+    """Local (Collective over grid for ``torch.flip``/``torch.roll``/``F.pad`` along divided dims).
     ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
 
     Raises
@@ -89,7 +106,7 @@ def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs
         what = getattr(func, "__name__", repr(func))
         raise TypeError(
             f"torch function {what} is not supported on DistTensors: only pointwise ones are (activations, "
-            f"elementwise math, comparisons, torch.where; also torch.flip and torch.roll; reductions are x.sum(), "
+            f"elementwise math, comparisons, torch.where; also torch.flip, torch.roll and F.pad; reductions are x.sum(), "
             f"x.mean(), ...); apply it to "
             f"x.local and wrap the result with x.with_local(...) where that is right"
         )

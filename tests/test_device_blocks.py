@@ -207,6 +207,13 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         j = hpctp.concatenate([x, x[:3]], axis=0)
         assert_all(grid2d, kind.holds(j.local), "concatenate keeps the kind")
         assert_equal(grid2d, j.gather(None), np.concatenate([a, a[:3]], axis=0), "concatenate")
+        p = np.pad(x, ((1, 2), (3, 0)), mode="wrap") + np.pad(x, ((1, 2), (3, 0)), constant_values=-1.0)
+        assert_all(grid2d, kind.holds(p.local), "pad keeps the kind")
+        want = np.pad(a, ((1, 2), (3, 0)), mode="wrap") + np.pad(a, ((1, 2), (3, 0)), constant_values=-1.0)
+        assert_equal(grid2d, p.gather(None), want, "np.pad wrap + constant")
+        bt = np.broadcast_to(x[3:4], (2, 9, 7))  # the row is replicated along grid axis 0 first
+        assert_all(grid2d, kind.holds(bt.local), "broadcast_to keeps the kind")
+        assert_equal(grid2d, bt.gather(None), np.broadcast_to(a[3:4], (2, 9, 7)), "np.broadcast_to")
         gr = np.gradient(x, 0.5, axis=1, edge_order=2)
         assert_allclose(grid2d, gr.gather(None), np.gradient(a, 0.5, axis=1, edge_order=2), rtol=1e-14, what="gradient")
         if kind.like != "cupy":  # torch's pointwise functions and a differentiable sum on the device blocks
