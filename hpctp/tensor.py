@@ -380,7 +380,7 @@ class DistTensor:
     def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdims: bool) -> DistTensor:
         error: Exception | None = None
         axes: tuple[int, ...] | None = None
-        grad = needs_grad(self.local)  # agreed: reduce_block refuses max/min with grad on every rank or none
+        grad = needs_grad(self.local)  # agreed: every rank takes the same (differentiable or plain) path
         try:
             axes = normalize_axes(axis, self.ndim)
         except (TypeError, ValueError) as e:

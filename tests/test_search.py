@@ -11,7 +11,7 @@ import torch
 from test_indexing import SHAPE, _global, _splits, _tensor
 
 import hpctp
-from hpctp.testing import assert_all, assert_equal
+from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 
 def _np(x: object) -> np.ndarray:
@@ -80,3 +80,34 @@ def test_max_min_propagate_nan_across_ranks(grid2d: hpctp.ProcessGrid, backend: 
         for op, axis in itertools.product(("max", "min"), (None, 0, 1, (0, 2))):
             got = _np(getattr(x, op)(axis).gather(None))
             assert_equal(grid2d, got, getattr(np, op)(a, axis=axis), f"{op} axis={axis} split={split} skew={skew}")
+
+
+@pytest.mark.mpi
+def test_max_min_gradient_is_shared_among_ties(grid2d: hpctp.ProcessGrid) -> None:
+    """d/dx of sum(W * x.max(axis)) equals torch.amax's: the gradient goes to the elements equal
+    to the result, shared evenly among them, also when the ties lie on different ranks."""
+    ties = np.round(np.sin(_global(SHAPE)) * 2)  # every extreme is tied, across blocks
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x0 = _tensor(grid2d, split, skew, "torch")
+        for (axis, keepdims), op in itertools.product(
+            ((None, False), (0, False), (1, True), ((0, 2), False), (-1, False)), ("max", "min")
+        ):
+            x = x0.with_local(torch.from_numpy(ties[x0.local_slices].copy()).requires_grad_(True))
+            r = getattr(x, op)(axis, keepdims)
+            ref = torch.from_numpy(ties).requires_grad_(True)
+            dims = tuple(range(3)) if axis is None else axis
+            want = (torch.amax if op == "max" else torch.amin)(ref, dim=dims, keepdim=keepdims)
+            w = torch.cos(torch.arange(want.numel(), dtype=torch.float64)).reshape(want.shape)
+            (r.local * w[r.local_slices]).sum().backward()  # the rank's part of a replicated loss
+            (want * w).sum().backward()
+            what = f"{op} axis={axis} keepdims={keepdims} split={split} skew={skew}"
+            assert_equal(grid2d, r.local.detach(), want.detach()[r.local_slices], what)
+            assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, what=f"d {what}")
+    nans = ties.copy()
+    nans[1, 2, 3] = nans[6, 4, 0] = np.nan  # NaN is the result; its gradient goes to the NaNs (torch.max)
+    x0 = _tensor(grid2d, (0, 1, None), True, "torch")
+    x = x0.with_local(torch.from_numpy(nans[x0.local_slices].copy()).requires_grad_(True))
+    (x.max() * 3.0).local.backward()
+    ref = torch.from_numpy(nans).requires_grad_(True)
+    (torch.max(ref) * 3.0).backward()
+    assert_equal(grid2d, x.local.grad, ref.grad[x.local_slices], "gradient of a NaN maximum")

@@ -168,44 +168,49 @@ def reduce_block(
         1) and no longer split, so the result is replicated along the grid axes that
         split them; other dims keep their split.
 
-    A torch block that requires grad is summed differentiably (backward: every rank's
-    gradient of the replicated result flows to its own block); every rank must agree on it.
+    A torch block that requires grad is reduced differentiably (backward: every rank's
+    gradient of the replicated result flows to its own block; for max/min to the elements equal
+    to the result, shared evenly among them, as ``torch.amax``); every rank must agree on it.
 
     Raises
     ------
     ValueError
         On an unknown op or bad axis.
     TypeError
-        On max/min of a complex tensor or of one that requires grad.
+        On max/min of a complex tensor.
     """
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {REDUCTIONS}, got {op!r}")
     axes = normalize_axes(axis, layout.ndim)
     if op != "sum" and dtype_kind(local) == "c":  # the dtype is the same on every rank: all raise
         raise TypeError(f"{op} of a complex tensor is not defined (no ordering); reduce abs(x) or x.real instead")
-    grad = needs_grad(local)
-    if grad and op != "sum":  # (requires_grad is agreed by the caller: all raise)
-        raise TypeError(
-            f"{op} of a DistTensor that requires grad: its gradient across ranks is not implemented; "
-            f"reduce x.detach() (or use a differentiable sum)"
-        )
-    red = as_contiguous(_local_reduce(local, op, axes))
+    grad = needs_grad(local)  # (agreed by the caller: every rank takes the same path)
     grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]
-    if grad:
+
+    def over_ranks(buf: Array, how: str) -> None:  # all-reduce over the ranks holding other parts
+        if len(grid_axes) == grid.ndim and grid.ndim > 1:
+            C.allreduce(grid.comm, buf, how)
+        else:
+            for g in grid_axes:
+                C.allreduce(grid.sub(g), buf, how)
+
+    if grad and op == "sum":
         from ..nn.autograd_comm import allreduce_sum  # (nn builds on this module)
 
+        red = as_contiguous(_local_reduce(local, op, axes))
         red = allreduce_sum(red, grid, grid_axes) if grid_axes else red  # backward: the replicated gradient
     else:
+        red = as_contiguous(_local_reduce(local.detach() if grad else local, op, axes))
         nan_aware = op != "sum" and dtype_kind(red) == "f" and bool(grid_axes)
         # MPI has no MAX/MIN for booleans (0/1 bytes order the same way) and drops NaNs (flagged)
         wire = _with_nan_flags(red, op) if nan_aware else _bool_as_uint8(red)
-        if len(grid_axes) == grid.ndim and grid.ndim > 1:
-            C.allreduce(grid.comm, wire, op)
-        else:
-            for g in grid_axes:
-                C.allreduce(grid.sub(g), wire, op)
+        over_ranks(wire, op)
         if nan_aware:
             red = _nan_where_flagged(wire, tuple(red.shape))
+        if grad:  # max/min: the gradient goes to the elements equal to the result, shared evenly (torch.amax)
+            from ..nn.autograd_reduce import extreme
+
+            red = extreme(local, red, axes, lambda count: over_ranks(count, "sum"))
     shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))
     split = tuple(None if d in axes else s for d, s in enumerate(layout.split))
     cuts = tuple(None if d in axes else c for d, c in enumerate(layout.cuts))
