@@ -4,7 +4,8 @@ Both are written with the DistTensor operations a numpy user would write: slices
 tensor that are cut differently are aligned by one small move (only the rows between the
 cuts travel), and ``roll`` moves one row per neighbour. The arithmetic is numpy's own, term
 for term, so results equal ``numpy.diff`` / ``numpy.gradient`` on the gathered field to the
-last bit (for uniform spacings).
+last bit. Coordinate arrays give ``gradient`` numpy's weights as profiles along the dim,
+which broadcast against the field's blocks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
-from .backend import dtype_kind
+import numpy as np
+
+from .backend import dtype_kind, from_numpy
+from .layout import Layout
 from .ops.reduce import normalize_axes, ordered_axes
 from .tensor import DistTensor
 
@@ -65,55 +69,110 @@ def diff(a: DistTensor, n: int = 1, axis: int = -1) -> DistTensor:
     return a
 
 
-def _spacings(varargs: Sequence[object], axes: tuple[int, ...]) -> list[float]:
+def _spacings(varargs: Sequence[object], axes: tuple[int, ...], shape: tuple[int, ...]) -> list[float | np.ndarray]:
+    """numpy's spacings: a number per axis, or a coordinate array's differences (numpy reduces
+    coordinates with equal differences to that number)."""
     if not varargs:
         return [1.0] * len(axes)
-    if not all(isinstance(h, numbers.Real) and not isinstance(h, bool) for h in varargs):
-        raise TypeError(
-            "gradient on DistTensors takes uniform spacings as numbers (one, or one per axis); "
-            "coordinate arrays are not supported"
-        )
-    if len(varargs) == 1:
-        return [float(varargs[0])] * len(axes)  # type: ignore[arg-type]
+    if len(varargs) == 1 and np.ndim(varargs[0]) == 0:  # type: ignore[arg-type]
+        return [_number(varargs[0])] * len(axes)
     if len(varargs) != len(axes):
         raise TypeError(f"gradient: {len(varargs)} spacings given for {len(axes)} axes; give one, or one per axis")
-    return [float(h) for h in varargs]  # type: ignore[arg-type]
+    out: list[float | np.ndarray] = []
+    for d, h in zip(axes, varargs):
+        if isinstance(h, DistTensor):
+            raise TypeError(
+                "gradient: coordinates must be a 1-D numpy array (the same on every rank), not a DistTensor"
+            )
+        if np.ndim(h) == 0:  # type: ignore[arg-type]
+            out.append(_number(h))
+            continue
+        x = np.asarray(h)
+        if x.ndim != 1:
+            raise ValueError(f"gradient: distances must be either scalars or 1d, got an array of shape {x.shape}")
+        if len(x) != shape[d]:
+            raise ValueError(
+                f"gradient: when 1d, distances must match the length of the corresponding dimension "
+                f"({len(x)} coordinates for dim {d} of length {shape[d]})"
+            )
+        if x.dtype.kind not in "iuf":
+            raise TypeError(f"gradient: coordinates must be real numbers, got dtype {x.dtype}")
+        dx = np.diff(x.astype(np.float64) if x.dtype.kind in "iu" else x)
+        out.append(dx[0] if len(dx) and (dx == dx[0]).all() else dx)
+    return out
 
 
-def _one_axis(f: DistTensor, d: int, h: float, edge_order: int) -> DistTensor:
-    """numpy's uniform-spacing gradient along dim ``d``: central differences inside (from two
-    rolls, so the result keeps ``f``'s layout), one-sided ones of ``edge_order`` at the ends."""
+def _number(h: object) -> float:
+    if not isinstance(h, (numbers.Real, np.generic)) or isinstance(h, (bool, np.bool_)):
+        raise TypeError(f"gradient: a spacing must be a real number or a 1-D coordinate array, got {h!r}")
+    return h  # type: ignore[return-value]  # (as numpy: an int spacing stays an int)
+
+
+def _profile(coefs: np.ndarray, like: DistTensor, d: int) -> DistTensor:
+    """The 1-D ``coefs`` along dim ``d`` (size 1 elsewhere), on every rank (it broadcasts
+    against ``like``, whose blocks' backend it takes)."""
+    shape = tuple(len(coefs) if e == d else 1 for e in range(like.ndim))
+    block = from_numpy(np.ascontiguousarray(coefs.reshape(shape)), like.local)
+    return DistTensor(block, like.grid, Layout(shape, like.grid.dims, (None,) * like.ndim))
+
+
+def _one_axis(f: DistTensor, d: int, h: float | np.ndarray, edge_order: int) -> DistTensor:
+    """numpy's gradient along dim ``d``: central differences inside (for a uniform spacing from
+    two rolls, so the result keeps ``f``'s layout; else numpy's three weighted terms, the weights
+    broadcast along ``d``), one-sided ones of ``edge_order`` at the ends."""
     n = f.shape[d]
-    out = (f.roll(-1, d) - f.roll(1, d)) / (2.0 * h)
 
     def at(i: int) -> DistTensor:
         return f[_along(f.ndim, d, i, i + 1 if i != -1 else None)]
 
-    if edge_order == 1:
-        out[_along(f.ndim, d, 0, 1)] = (at(1) - at(0)) / h
-        out[_along(f.ndim, d, n - 1, n)] = (at(-1) - at(-2)) / h
+    uniform = np.ndim(h) == 0
+    if uniform:
+        out = (f.roll(-1, d) - f.roll(1, d)) / (2.0 * h)
     else:
-        out[_along(f.ndim, d, 0, 1)] = -1.5 / h * at(0) + 2.0 / h * at(1) + -0.5 / h * at(2)
-        out[_along(f.ndim, d, n - 1, n)] = 0.5 / h * at(-3) + -2.0 / h * at(-2) + 1.5 / h * at(-1)
+        dx1, dx2 = h[:-1], h[1:]  # type: ignore[index]
+        out = f.copy()
+        inner = [f[_along(f.ndim, d, lo, hi)] for lo, hi in ((None, -2), (1, -1), (2, None))]
+        a, b, c = (
+            _profile(w, inner[0], d)
+            for w in (-dx2 / (dx1 * (dx1 + dx2)), (dx2 - dx1) / (dx1 * dx2), dx1 / (dx2 * (dx1 + dx2)))
+        )
+        out[_along(f.ndim, d, 1, -1)] = a * inner[0] + b * inner[1] + c * inner[2]
+    if edge_order == 1:
+        h0, hn = (h, h) if uniform else (h[0], h[-1])  # type: ignore[index]
+        out[_along(f.ndim, d, 0, 1)] = (at(1) - at(0)) / h0
+        out[_along(f.ndim, d, n - 1, n)] = (at(-1) - at(-2)) / hn
+        return out
+    if uniform:
+        first, last = (-1.5 / h, 2.0 / h, -0.5 / h), (0.5 / h, -2.0 / h, 1.5 / h)
+    else:
+        d1, d2 = h[0], h[1]  # type: ignore[index]
+        first = (-(2.0 * d1 + d2) / (d1 * (d1 + d2)), (d1 + d2) / (d1 * d2), -d1 / (d2 * (d1 + d2)))
+        d1, d2 = h[-2], h[-1]  # type: ignore[index]
+        last = (d2 / (d1 * (d1 + d2)), -(d2 + d1) / (d1 * d2), (2.0 * d2 + d1) / (d2 * (d1 + d2)))
+    out[_along(f.ndim, d, 0, 1)] = first[0] * at(0) + first[1] * at(1) + first[2] * at(2)
+    out[_along(f.ndim, d, n - 1, n)] = last[0] * at(-3) + last[1] * at(-2) + last[2] * at(-1)
     return out
 
 
 def gradient(
-    f: DistTensor, *varargs: float, axis: int | Sequence[int] | None = None, edge_order: int = 1
+    f: DistTensor, *varargs: object, axis: int | Sequence[int] | None = None, edge_order: int = 1
 ) -> DistTensor | tuple[DistTensor, ...]:
     """Collective over grid when a differentiated dim is divided, else Local. The gradient of
-    ``f`` as ``numpy.gradient`` with uniform spacings: second-order central differences
-    inside, first- or second-order one-sided differences at the ends.
+    ``f`` as ``numpy.gradient``: second-order central differences inside, first- or
+    second-order one-sided differences at the ends, for uniform spacings or coordinates.
 
-    Each derivative keeps ``f``'s layout: the interior comes from two rolls (one row moves
-    between neighbouring blocks each way), the two end rows from small aligned slices.
-    Differentiable for torch blocks.
+    Each derivative keeps ``f``'s layout. With a uniform spacing the interior comes from two
+    rolls (one row moves between neighbouring blocks each way); with coordinates from numpy's
+    three weighted slices (aligned: a row per neighbour), the weights broadcast along the dim.
+    The two end rows come from small aligned slices. Differentiable for torch blocks.
 
     Parameters
     ----------
     f : DistTensor
-    *varargs : float
-        The spacing: none (1), one for every axis, or one per axis in ``axis``.
+    *varargs : number or 1-D array
+        The spacing: none (1), one number for every axis, or one per axis in ``axis``: a
+        number, or the coordinates along that dim (a 1-D array of its length, the same on
+        every rank; equally spaced ones count as their spacing, as in numpy).
     axis : int or sequence of int, optional
         The dims to differentiate along (all if None).
     edge_order : {1, 2}
@@ -126,15 +185,17 @@ def gradient(
     Raises
     ------
     TypeError
-        On coordinate arrays as spacings, or a spacing count that fits neither rule.
+        On a spacing count that fits neither rule, a spacing that is neither a real number nor
+        an array of them, or a DistTensor of coordinates.
     ValueError
-        If ``edge_order`` is not 1 or 2, an axis is out of range or repeated, or ``f`` has
-        fewer than ``edge_order + 1`` elements along a differentiated dim.
+        If ``edge_order`` is not 1 or 2, an axis is out of range or repeated, coordinates are
+        not 1-D or not of the dim's length, or ``f`` has fewer than ``edge_order + 1``
+        elements along a differentiated dim.
     """
     if edge_order not in (1, 2):
         raise ValueError(f"gradient: edge_order must be 1 or 2, got {edge_order!r}")
     axes = normalize_axes(axis, f.ndim) if axis is None else ordered_axes(axis, f.ndim)
-    spacings = _spacings(varargs, axes)
+    spacings = _spacings(varargs, axes, f.shape)
     for d in axes:
         if f.shape[d] < edge_order + 1:
             raise ValueError(

@@ -216,6 +216,10 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         assert_equal(grid2d, bt.gather(None), np.broadcast_to(a[3:4], (2, 9, 7)), "np.broadcast_to")
         gr = np.gradient(x, 0.5, axis=1, edge_order=2)
         assert_allclose(grid2d, gr.gather(None), np.gradient(a, 0.5, axis=1, edge_order=2), rtol=1e-14, what="gradient")
+        mesh = np.cumsum(np.linspace(0.5, 2.0, 9))  # coordinates: numpy's weights as profiles on the device
+        gr = np.gradient(x, mesh, axis=0)
+        assert_all(grid2d, kind.holds(gr.local), "gradient with coordinates keeps the kind")
+        assert_allclose(grid2d, gr.gather(None), np.gradient(a, mesh, axis=0), rtol=1e-14, what="gradient, coordinates")
         if kind.like != "cupy":  # torch's pointwise functions and a differentiable sum on the device blocks
             xg = x.with_local(x.local.clone().requires_grad_(True))
             loss = (torch.tanh(xg * 0.01) - xg.mean()).sum()

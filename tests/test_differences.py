@@ -12,6 +12,8 @@ from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
 
+STRETCHED = np.cumsum(np.linspace(0.5, 2.0, SHAPE[0]))  # coordinates along dim 0: a stretched mesh
+
 
 def _np(x: object) -> np.ndarray:
     return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
@@ -34,16 +36,26 @@ def test_diff_and_gradient_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) 
             ),
             "gradient axis=(2, 0)": (hpctp.gradient(x, 0.3, 2.0, axis=(2, 0)), np.gradient(a, 0.3, 2.0, axis=(2, 0))),
         }
+        for edge in (1, 2):  # coordinates: stretched, equally spaced (numpy's scalar path), ints; with a number
+            spacings = (STRETCHED, np.linspace(0.0, 2.0, 5), np.arange(6) ** 2)
+            cases[f"gradient coordinates, edge {edge}"] = (
+                np.gradient(x, *spacings, edge_order=edge),
+                np.gradient(a, *spacings, edge_order=edge),
+            )
+            cases[f"gradient coordinates and a number, edge {edge}"] = (
+                hpctp.gradient(x, 0.25, STRETCHED, axis=(1, 0), edge_order=edge),
+                np.gradient(a, 0.25, STRETCHED, axis=(1, 0), edge_order=edge),
+            )
         for what, (got, want) in cases.items():
             got = got if isinstance(got, tuple) else (got,)
             want = want if isinstance(want, tuple) else (want,)
             assert_all(grid2d, len(got) == len(want), f"{what}: {len(got)} results, numpy {len(want)}")
             for g, w in zip(got, want):
                 assert_allclose(grid2d, _np(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"{what} {split} {skew}")
-        every = hpctp.gradient(x, edge_order=2)
+        every = hpctp.gradient(x, STRETCHED, 1.0, np.arange(6.0) ** 2, edge_order=2)
         layouts_kept = all(g.layout == x.layout for g in every)
         assert_all(grid2d, len(every) == 3 and layouts_kept, "one derivative per dim, each in the field's layout")
-        for g, w in zip(every, np.gradient(a, edge_order=2)):
+        for g, w in zip(every, np.gradient(a, STRETCHED, 1.0, np.arange(6.0) ** 2, edge_order=2)):
             assert_allclose(grid2d, _np(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"all axes {split} {skew}")
 
 
@@ -67,6 +79,14 @@ def test_gradient_autograd_equals_torch(grid2d: hpctp.ProcessGrid) -> None:
             f"dim {dim} edge_order {edge}",
             atol=1e-12,
         )
+        check_gradient(  # coordinates: torch.gradient's spacing as a coordinate tensor
+            grid2d,
+            lambda t, e=edge: hpctp.gradient(t, STRETCHED, axis=0, edge_order=e),
+            lambda t, e=edge: torch.gradient(t, spacing=(torch.from_numpy(STRETCHED),), dim=0, edge_order=e)[0],
+            skew,
+            f"coordinates, edge_order {edge}",
+            atol=1e-12,
+        )
 
 
 @pytest.mark.mpi
@@ -76,8 +96,14 @@ def test_difference_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
         np.gradient(x, edge_order=3)
     with pytest.raises(ValueError, match="too small along dim 0"):
         np.gradient(x[:2], axis=0, edge_order=2)
-    with pytest.raises(TypeError, match="coordinate arrays are not supported"):
-        np.gradient(x, np.arange(7.0), axis=0)
+    with pytest.raises(ValueError, match="7 coordinates for dim 1 of length 5"):
+        np.gradient(x, np.arange(7.0), axis=1)
+    with pytest.raises(ValueError, match="scalars or 1d"):
+        np.gradient(x, np.ones((7, 1)), axis=0)
+    with pytest.raises(TypeError, match="not a DistTensor"):
+        np.gradient(x, x[:, 0, 0], axis=0)
+    with pytest.raises(TypeError, match="real number"):
+        np.gradient(x, "1", axis=0)
     with pytest.raises(TypeError, match="2 spacings given for 3 axes"):
         np.gradient(x, 1.0, 2.0)
     with pytest.raises(ValueError, match="order must be non-negative"):
