@@ -64,6 +64,17 @@ def _comparison(fn: Callable[[Any, Any], Any], op: str) -> Callable[..., Any]:
     return compare
 
 
+def _ddof(ddof: float, correction: float | None, where: object, mean: object) -> float:
+    """numpy's ``ddof``/``correction`` of ``var``/``std`` (one of them); ``where=``/``mean=`` refused."""
+    if where is not None or mean is not None:
+        raise TypeError("var/std on DistTensors take no where= or mean=; select with x[key] first")
+    if correction is None:
+        return ddof
+    if ddof != 0:
+        raise ValueError("var/std: ddof and correction are the same argument; give one of them")
+    return correction
+
+
 class DistTensor:
     """Local. A global tensor cut into blocks over a :class:`~hpctp.ProcessGrid`.
 
@@ -465,6 +476,56 @@ class DistTensor:
             return (self.astype("float32")._reduce("sum", axes, keepdims) / count).astype(self.local.dtype)
         src = self if self._is_inexact() else self.astype("float64")
         return src._reduce("sum", axes, keepdims) / count
+
+    def var(
+        self,
+        axis: int | Sequence[int] | None = None,
+        dtype: object = None,
+        out: None = None,
+        ddof: float = 0,
+        keepdims: bool = False,
+        *,
+        correction: float | None = None,
+        where: object = None,
+        mean: object = None,
+    ) -> DistTensor:
+        """Collective over grid. Variance over ``axis`` (also ``np.var(x)``); see :func:`hpctp.statistics.var`.
+
+        ``correction`` is numpy's other name for ``ddof``; ``where=`` and ``mean=`` are refused."""
+        from .statistics import var  # (it builds on this module)
+
+        ddof = _ddof(ddof, correction, where, mean)
+        return var(self._numpy_style("var", dtype, out), axis, ddof, keepdims)
+
+    def std(
+        self,
+        axis: int | Sequence[int] | None = None,
+        dtype: object = None,
+        out: None = None,
+        ddof: float = 0,
+        keepdims: bool = False,
+        *,
+        correction: float | None = None,
+        where: object = None,
+        mean: object = None,
+    ) -> DistTensor:
+        """Collective over grid. Standard deviation over ``axis`` (also ``np.std(x)``); as :meth:`var`."""
+        from .statistics import std
+
+        ddof = _ddof(ddof, correction, where, mean)
+        return std(self._numpy_style("std", dtype, out), axis, ddof, keepdims)
+
+    def any(self, axis: int | Sequence[int] | None = None, out: None = None, keepdims: bool = False) -> DistTensor:
+        """Collective over grid. Whether any element over ``axis`` is nonzero (also ``np.any(x)``)."""
+        from .statistics import any_nonzero
+
+        return any_nonzero(self._numpy_style("any", None, out), axis, keepdims)
+
+    def all(self, axis: int | Sequence[int] | None = None, out: None = None, keepdims: bool = False) -> DistTensor:
+        """Collective over grid. Whether every element over ``axis`` is nonzero (also ``np.all(x)``)."""
+        from .statistics import all_nonzero
+
+        return all_nonzero(self._numpy_style("all", None, out), axis, keepdims)
 
     def _is_half(self) -> bool:
         """float16 or bfloat16 blocks (reduced in float32, as torch accumulates them)."""

@@ -1,0 +1,107 @@
+"""var / std / any / all of DistTensors (and np.var, np.std, np.any, np.all) against numpy on
+the gathered tensor, and torch.var / torch.std for gradients."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
+
+import hpctp
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+
+def _np(x: object) -> np.ndarray:
+    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _with(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
+    block = np.ascontiguousarray(a[x.local_slices])
+    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_var_std_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    base = np.sin(_global(SHAPE)) * 3 + 1
+    data = {
+        "float64": base,
+        "int64": (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64),
+        "complex128": base * (1 - 2j) + np.cos(base) * 1j,
+        "float32": base.astype(np.float32),
+    }
+    for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), data.items()):
+        x = _with(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        rtol = 1e-5 if name == "float32" else 1e-12
+        for axis, ddof, keepdims in itertools.product((None, 0, -1, (0, 2)), (0, 1), (False, True)):
+            what = f"{name} axis={axis} ddof={ddof} keepdims={keepdims} split={split} skew={skew}"
+            v = np.var(x, axis=axis, ddof=ddof, keepdims=keepdims)
+            want = np.var(a, axis=axis, ddof=ddof, keepdims=keepdims)
+            assert_all(grid2d, v.global_shape == np.shape(want), f"var {what}: shape {v.global_shape}")
+            assert_all(grid2d, np.dtype(_np(v.local).dtype) == want.dtype, f"var {what}: dtype {v.local.dtype}")
+            assert_allclose(grid2d, _np(v.gather(None)), want, rtol=rtol, atol=0, what=f"var {what}")
+            s = x.std(axis, ddof=ddof, keepdims=keepdims)
+            want = np.std(a, axis=axis, ddof=ddof, keepdims=keepdims)
+            assert_allclose(grid2d, _np(s.gather(None)), want, rtol=rtol, atol=0, what=f"std {what}")
+    a = data["float64"]
+    x = _with(_tensor(grid2d, (0, 1, None), True, backend), a)
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():  # n - ddof <= 0: divides by 0
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert_equal(grid2d, _np(x.var(0, correction=7).gather(None)), np.var(a, 0, ddof=7), "ddof = n")
+
+
+@pytest.mark.mpi
+def test_var_std_gradient(grid2d: hpctp.ProcessGrid) -> None:
+    for skew in (False, True):
+        check_gradient(
+            grid2d,
+            lambda x: x.var(axis=1, ddof=1),
+            lambda t: torch.var(t, dim=1, correction=1),
+            skew,
+            "var axis 1",
+            atol=1e-12,
+        )
+        check_gradient(
+            grid2d,
+            lambda x: np.std(x, axis=(0, 2), keepdims=True),
+            lambda t: torch.std(t, dim=(0, 2), correction=0, keepdim=True),
+            skew,
+            "std axes (0, 2)",
+            atol=1e-12,
+        )
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_any_all_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    a = np.round(np.sin(_global(SHAPE)) * 0.8)  # zeros in most places
+    a[2, 3, 1] = np.nan  # NaN is nonzero, as in numpy
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x = _with(_tensor(grid2d, split, skew, backend), a)
+        for data, values in ((x, a), (x != 0, a != 0), (x[:, :0], a[:, :0])):
+            for axis, keepdims in itertools.product((None, 0, 1, (0, 2)), (False, True)):
+                for op in ("any", "all"):
+                    got = getattr(np, op)(data, axis=axis, keepdims=keepdims)
+                    want = getattr(np, op)(values, axis=axis, keepdims=keepdims)
+                    what = f"{op} shape {values.shape} axis={axis} keepdims={keepdims} split={split} skew={skew}"
+                    assert_all(grid2d, got.global_shape == np.shape(want), f"{what}: shape {got.global_shape}")
+                    assert_equal(grid2d, _np(got.gather(None)), want, what)
+    x = _with(_tensor(grid2d, (0, 1, None), False, backend), a)
+    assert_all(grid2d, bool(x.any()) and not bool((x > 5).any()), "bool() of a 0-d any")
+
+
+@pytest.mark.mpi
+def test_statistics_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
+    x = _tensor(grid2d, (0, 1, None), True)
+    with pytest.raises(TypeError, match="no where= or mean="):
+        np.var(x, where=np.ones(SHAPE, bool))
+    with pytest.raises(ValueError, match="ddof and correction"):
+        x.std(ddof=1, correction=1)
+    with pytest.raises(TypeError, match="ddof must be a real number"):
+        x.var(ddof="1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="out="):
+        np.any(x, out=np.zeros(()))
