@@ -14,6 +14,7 @@ from .join import concatenate, stack
 from .layout import Layout, block_range
 from .linalg import matmul
 from .pad import pad
+from .scan import cumprod, cumsum
 from .tensor import DistTensor
 
 __version__ = "0.1.0"
@@ -29,6 +30,8 @@ __all__ = [
     "broadcast_to",
     "comm",
     "concatenate",
+    "cumprod",
+    "cumsum",
     "diff",
     "distribute",
     "empty",

@@ -127,6 +127,8 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     **{f: _method(f) for f in (np.var, np.std, np.any, np.all)},
     np.argmax: lambda a, axis=None, out=None, *, keepdims=False: a.argmax(axis, keepdims, out=out),
     np.argmin: lambda a, axis=None, out=None, *, keepdims=False: a.argmin(axis, keepdims, out=out),
+    np.cumsum: lambda a, axis=None, dtype=None, out=None: a.cumsum(axis, dtype, out),  # (numpy's retries a
+    np.cumprod: lambda a, axis=None, dtype=None, out=None: a.cumprod(axis, dtype, out),  # TypeError: call direct)
     **{f: _method(f) for f in (np.shape, np.ndim, np.size, np.transpose)},
     np.where: _where,
     np.isclose: _isclose,
@@ -148,7 +150,7 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.argmax``, ``np.argmin``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
+    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
     ``np.roll``, ``np.diff``, ``np.gradient``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
     ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
     :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.

@@ -527,6 +527,20 @@ class DistTensor:
 
         return all_nonzero(self._numpy_style("all", None, out), axis, keepdims)
 
+    def cumsum(self, axis: int | None = None, dtype: object = None, out: None = None) -> DistTensor:
+        """Collective over grid (on more than one rank). Cumulative sum (also ``np.cumsum(x)``); see
+        :func:`hpctp.scan.cumsum`."""
+        from .scan import cumsum  # (it builds on this module)
+
+        return cumsum(self._numpy_style("cumsum", None, out), axis, dtype)
+
+    def cumprod(self, axis: int | None = None, dtype: object = None, out: None = None) -> DistTensor:
+        """Collective over grid (on more than one rank). Cumulative product (also ``np.cumprod(x)``);
+        see :func:`hpctp.scan.cumprod`."""
+        from .scan import cumprod
+
+        return cumprod(self._numpy_style("cumprod", None, out), axis, dtype)
+
     def _is_half(self) -> bool:
         """float16 or bfloat16 blocks (reduced in float32, as torch accumulates them)."""
         return dtype_name(self.local.dtype) in ("float16", "bfloat16")

@@ -5,7 +5,7 @@ lands here. Pointwise functions (activations, elementwise math, comparisons, ``t
 run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
 same shape and split as the other operands (cut differently, they are aligned first, as in
 numpy's protocol). ``torch.flip`` and ``torch.roll`` are the collective
-:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`. Anything else
+:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`, ``torch.cumsum``/``torch.cumprod`` are :func:`hpctp.scan.cumsum`/``cumprod``. Anything else
 (reductions, ``softmax`` along a dim that may be divided, random ``dropout``, a plain tensor
 broadcast against a block) raises a
 TypeError: blockwise, it would not be the single-process result.
@@ -72,7 +72,21 @@ def _pad(x: DistTensor, pad: Any, mode: str = "constant", value: Any = None) -> 
     return numpy_pad(x, widths, _PAD_MODES[mode], constant_values=0 if value is None else value)
 
 
-MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {torch.flip: _flip, torch.roll: _roll, F.pad: _pad}
+def _cumsum(x: DistTensor, dim: int, *, dtype: Any = None) -> DistTensor:
+    return x.cumsum(dim, dtype)
+
+
+def _cumprod(x: DistTensor, dim: int, *, dtype: Any = None) -> DistTensor:
+    return x.cumprod(dim, dtype)
+
+
+MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {
+    torch.flip: _flip,
+    torch.roll: _roll,
+    F.pad: _pad,
+    torch.cumsum: _cumsum,
+    torch.cumprod: _cumprod,
+}
 
 
 def _block(value: Any, ref: DistTensor, name: str) -> Any:
@@ -88,7 +102,7 @@ def _block(value: Any, ref: DistTensor, name: str) -> Any:
 
 
 def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
-    """Local (Collective over grid for ``torch.flip``/``torch.roll``/``F.pad`` along divided dims).
+    """Local (Collective over grid for ``torch.flip``/``torch.roll``/``F.pad``/``torch.cumsum``/``torch.cumprod``).
     ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
 
     Raises
@@ -106,7 +120,7 @@ def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs
         what = getattr(func, "__name__", repr(func))
         raise TypeError(
             f"torch function {what} is not supported on DistTensors: only pointwise ones are (activations, "
-            f"elementwise math, comparisons, torch.where; also torch.flip, torch.roll and F.pad; reductions are x.sum(), "
+            f"elementwise math, comparisons, torch.where; also torch.flip, torch.roll, F.pad, torch.cumsum and torch.cumprod; reductions are x.sum(), "
             f"x.mean(), ...); apply it to "
             f"x.local and wrap the result with x.with_local(...) where that is right"
         )

@@ -216,6 +216,10 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         assert_equal(grid2d, bt.gather(None), np.broadcast_to(a[3:4], (2, 9, 7)), "np.broadcast_to")
         gr = np.gradient(x, 0.5, axis=1, edge_order=2)
         assert_allclose(grid2d, gr.gather(None), np.gradient(a, 0.5, axis=1, edge_order=2), rtol=1e-14, what="gradient")
+        cs = np.cumsum(x, axis=0) - x.var(1, keepdims=True)  # a scan and a variance on the device blocks
+        assert_all(grid2d, kind.holds(cs.local), "cumsum and var keep the kind")
+        want = np.cumsum(a, axis=0) - a.var(1, keepdims=True)
+        assert_allclose(grid2d, cs.gather(None), want, rtol=1e-13, what="cumsum - var")
         mesh = np.cumsum(np.linspace(0.5, 2.0, 9))  # coordinates: numpy's weights as profiles on the device
         gr = np.gradient(x, mesh, axis=0)
         assert_all(grid2d, kind.holds(gr.local), "gradient with coordinates keeps the kind")
