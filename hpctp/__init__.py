@@ -10,6 +10,7 @@ from .comm import CommCounter, ProcessGrid
 from .differences import diff, gradient
 from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
 from .halo import HaloExchange
+from .histogram import histogram
 from .join import concatenate, stack
 from .layout import Layout, block_range
 from .linalg import matmul
@@ -41,6 +42,7 @@ __all__ = [
     "full",
     "gradient",
     "halo",
+    "histogram",
     "io",
     "layout",
     "linalg",

@@ -19,6 +19,7 @@ from . import comm as C
 from .backend import array_module, is_torch
 from .broadcast import broadcast_to
 from .differences import diff, gradient
+from .histogram import histogram
 from .join import concatenate, numpy_style, stack
 from .ops.elementwise import torch_operand, ufunc_for
 from .pad import pad
@@ -144,13 +145,14 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.concatenate: numpy_style(concatenate),
     np.stack: numpy_style(stack),
     np.pad: _pad,
+    np.histogram: histogram,
     np.broadcast_to: lambda array, shape, subok=False: broadcast_to(array, shape),
 }
 
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
+    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.histogram``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
     ``np.roll``, ``np.diff``, ``np.gradient``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
     ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
     :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.

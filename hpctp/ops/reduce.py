@@ -15,7 +15,7 @@ from ..ints import is_int
 from ..layout import Layout
 from .transfer import needs_grad
 
-__all__ = ["normalize_axes", "reduce_block", "REDUCTIONS"]
+__all__ = ["allreduce_over_axes", "normalize_axes", "reduce_block", "REDUCTIONS"]
 
 REDUCTIONS = ("sum", "max", "min")
 
@@ -143,6 +143,17 @@ def _local_reduce(x: Array, op: str, axes: tuple[int, ...]) -> Array:
     return fn(x, axis=axes, keepdims=True)
 
 
+def allreduce_over_axes(grid: ProcessGrid, buf: Array, op: str, grid_axes: Sequence[int]) -> None:
+    """Collective over the grid axes ``grid_axes``. All-reduce ``buf`` in place over the ranks
+    that differ only along those axes (ranks along the other axes, replicas, are not combined):
+    one call on the whole grid when that is every axis, else one per axis."""
+    if len(grid_axes) == grid.ndim and grid.ndim > 1:
+        C.allreduce(grid.comm, buf, op)
+    else:
+        for g in grid_axes:
+            C.allreduce(grid.sub(g), buf, op)
+
+
 def reduce_block(
     local: Array,
     grid: ProcessGrid,
@@ -188,11 +199,7 @@ def reduce_block(
     grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]
 
     def over_ranks(buf: Array, how: str) -> None:  # all-reduce over the ranks holding other parts
-        if len(grid_axes) == grid.ndim and grid.ndim > 1:
-            C.allreduce(grid.comm, buf, how)
-        else:
-            for g in grid_axes:
-                C.allreduce(grid.sub(g), buf, how)
+        allreduce_over_axes(grid, buf, how, grid_axes)
 
     if grad and op == "sum":
         from ..nn.autograd_comm import allreduce_sum  # (nn builds on this module)
