@@ -7,7 +7,7 @@ operation computes what one device would compute on the whole tensor.
 from . import comm, fft, halo, io, layout, linalg, perf, random
 from .broadcast import broadcast_to
 from .comm import CommCounter, ProcessGrid
-from .differences import diff, gradient
+from .differences import diff, gradient, trapezoid
 from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
 from .halo import HaloExchange
 from .histogram import histogram
@@ -52,5 +52,6 @@ __all__ = [
     "pad",
     "random",
     "stack",
+    "trapezoid",
     "zeros",
 ]

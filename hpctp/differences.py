@@ -1,4 +1,5 @@
-"""Finite differences of partitioned fields: ``diff`` and ``gradient`` (numpy semantics).
+"""Finite differences and integrals of partitioned fields: ``diff``, ``gradient`` and
+``trapezoid`` (numpy semantics).
 
 Both are written with the DistTensor operations a numpy user would write: slices of one
 tensor that are cut differently are aligned by one small move (only the rows between the
@@ -20,7 +21,7 @@ from .layout import Layout
 from .ops.reduce import normalize_axes, ordered_axes
 from .tensor import DistTensor
 
-__all__ = ["diff", "gradient"]
+__all__ = ["diff", "gradient", "trapezoid"]
 
 
 def _along(ndim: int, d: int, start: int | None, stop: int | None) -> tuple[slice, ...]:
@@ -205,3 +206,55 @@ def gradient(
     f = _inexact(f)
     out = tuple(_one_axis(f, d, h, edge_order) for d, h in zip(axes, spacings))
     return out[0] if len(out) == 1 else out
+
+
+def trapezoid(y: DistTensor, x: object = None, dx: float = 1.0, axis: int = -1) -> DistTensor:
+    """Collective over grid. The integral of ``y`` along ``axis`` by the trapezoidal rule, as
+    ``numpy.trapezoid`` (also ``np.trapezoid(y, x)``): ``(d * (y[1:] + y[:-1]) / 2).sum(axis)``,
+    with the slices aligned (a row per neighbouring block) and numpy's arithmetic.
+
+    Parameters
+    ----------
+    y : DistTensor
+    x : 1-D array or DistTensor, optional
+        The sample points: a 1-D array along ``axis`` (the same on every rank; its
+        differences broadcast along the dim), or a DistTensor of ``y``'s shape and split.
+        Default: samples ``dx`` apart.
+    dx : float
+        The spacing when ``x`` is None.
+    axis : int
+
+    Returns
+    -------
+    DistTensor
+        ``y`` without ``axis``, laid out as :meth:`DistTensor.sum` lays out its result.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is neither an array nor a DistTensor, or ``dx`` is not a number.
+    ValueError
+        If ``axis`` is out of range, ``y`` is 0-d, or ``x`` does not match ``y`` along ``axis``.
+    """
+    if y.ndim == 0:
+        raise ValueError("trapezoid needs a tensor of at least one dim")
+    d_ax = ordered_axes(axis, y.ndim)[0]
+    n = y.shape[d_ax]
+    d: object
+    if x is None:
+        d = _number(dx)
+    elif isinstance(x, DistTensor):
+        if x.shape != y.shape:
+            raise ValueError(f"trapezoid: sample points of shape {x.shape} for values of shape {y.shape}")
+        d = diff(x, axis=d_ax)
+    else:
+        pts = np.asarray(x)
+        if pts.ndim != 1 or len(pts) != n:
+            raise ValueError(
+                f"trapezoid: x must be 1-D with one point per sample along dim {d_ax} ({n}), got shape {pts.shape}"
+            )
+        if pts.dtype.kind not in "iuf":
+            raise TypeError(f"trapezoid: sample points must be real numbers, got dtype {pts.dtype}")
+        d = _profile(np.diff(pts), y[_along(y.ndim, d_ax, 1, None)], d_ax) if n > 1 else 0.0
+    pairs = y[_along(y.ndim, d_ax, 1, None)] + y[_along(y.ndim, d_ax, None, -1)]
+    return (d * pairs / 2.0).sum(d_ax)  # type: ignore[operator]

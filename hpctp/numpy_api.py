@@ -18,7 +18,7 @@ import numpy as np
 from . import comm as C
 from .backend import array_module, is_torch
 from .broadcast import broadcast_to
-from .differences import diff, gradient
+from .differences import diff, gradient, trapezoid
 from .histogram import histogram
 from .join import concatenate, numpy_style, stack
 from .ops.elementwise import torch_operand, ufunc_for
@@ -142,6 +142,7 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.roll: _roll,
     np.diff: _diff,
     np.gradient: gradient,
+    np.trapezoid: trapezoid,
     np.concatenate: numpy_style(concatenate),
     np.stack: numpy_style(stack),
     np.pad: _pad,
@@ -153,7 +154,7 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
     ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.histogram``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
-    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
+    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.trapezoid``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
     ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
     :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
 

@@ -112,3 +112,37 @@ def test_difference_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
         np.diff(x, prepend=0.0)
     with pytest.raises(ValueError, match="axis 3 is out of range"):
         hpctp.diff(x, axis=3)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_trapezoid_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
+    a = np.sin(_global(SHAPE)) + 1.2
+    for split, skew in itertools.product(_splits(grid2d), (False, True)):
+        x0 = _tensor(grid2d, split, skew, backend)
+        y = x0.with_local(x0.local * 0 + (torch.from_numpy(a) if backend == "torch" else a)[x0.local_slices])
+        pts = y * 0.5 + 3.0  # sample points as a DistTensor of y's shape
+        cases = {
+            "dx": (np.trapezoid(y, dx=0.3, axis=0), np.trapezoid(a, dx=0.3, axis=0)),
+            "default": (hpctp.trapezoid(y), np.trapezoid(a)),
+            "1-D points": (np.trapezoid(y, STRETCHED, axis=0), np.trapezoid(a, STRETCHED, axis=0)),
+            "points tensor": (np.trapezoid(y, pts, axis=1), np.trapezoid(a, a * 0.5 + 3.0, axis=1)),
+            "one sample": (np.trapezoid(y[:1], STRETCHED[:1], axis=0), np.trapezoid(a[:1], STRETCHED[:1], axis=0)),
+        }
+        for what, (got, want) in cases.items():
+            assert_all(grid2d, got.global_shape == want.shape, f"{what}: shape {got.global_shape}")
+            assert_allclose(grid2d, _np(got.gather(None)), want, rtol=1e-13, atol=0, what=f"{what} {split} {skew}")
+    for skew in (False, True):
+        check_gradient(
+            grid2d,
+            lambda t: hpctp.trapezoid(t, STRETCHED, axis=0),
+            lambda t: torch.trapezoid(t, torch.from_numpy(STRETCHED), dim=0),
+            skew,
+            "trapezoid, 1-D points",
+            atol=1e-12,
+        )
+    x = _tensor(grid2d, (0, 1, None), True)
+    with pytest.raises(ValueError, match="one point per sample"):
+        hpctp.trapezoid(x, np.arange(4.0), axis=0)
+    with pytest.raises(ValueError, match="sample points of shape"):
+        hpctp.trapezoid(x, x[1:], axis=0)
