@@ -4,11 +4,15 @@ torch hands a call with a DistTensor operand to ``DistTensor.__torch_function__`
 lands here. Pointwise functions (activations, elementwise math, comparisons, ``torch.where``)
 run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
 same shape and split as the other operands (cut differently, they are aligned first, as in
-numpy's protocol). ``torch.flip`` and ``torch.roll`` are the collective
-:meth:`~hpctp.DistTensor.flip` and :meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`, ``torch.cumsum``/``torch.cumprod`` are :func:`hpctp.scan.cumsum`/``cumprod``. Anything else
-(reductions, ``softmax`` along a dim that may be divided, random ``dropout``, a plain tensor
-broadcast against a block) raises a
-TypeError: blockwise, it would not be the single-process result.
+numpy's protocol). Collective ones map onto hpctp's: ``torch.flip``/``torch.roll`` are
+:meth:`~hpctp.DistTensor.flip`/:meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`,
+``torch.cumsum``/``torch.cumprod`` are :func:`hpctp.scan.cumsum`/``cumprod``,
+``torch.cat``/``torch.stack`` are :func:`hpctp.concatenate`/:func:`hpctp.stack`, and
+``torch.sum``, ``mean``, ``amax``, ``amin``, ``var``, ``std`` are the reductions (torch's
+arguments: ``dim``, ``keepdim``, ``correction``/``unbiased``, whose default is 1). Anything
+else (``torch.max``/``min`` with their indices, ``softmax`` along a dim that may be divided,
+random ``dropout``, a plain tensor broadcast against a block) raises a TypeError: blockwise,
+it would not be the single-process result.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from .join import concatenate, stack
 from .pad import pad as numpy_pad
 from .tensor import DistTensor
 
@@ -80,7 +85,65 @@ def _cumprod(x: DistTensor, dim: int, *, dtype: Any = None) -> DistTensor:
     return x.cumprod(dim, dtype)
 
 
+def _dims(dim: Any) -> Any:
+    """torch's ``dim`` (None or ``()``: every dim) as numpy's ``axis``."""
+    return None if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0) else dim
+
+
+def _correction(correction: Any, unbiased: Any) -> Any:
+    if unbiased is not None and correction is not None:
+        raise TypeError("torch.var/std: give correction or unbiased, not both")
+    if unbiased is not None:
+        return 1 if unbiased else 0
+    return 1 if correction is None else correction  # (torch's default: the unbiased estimate)
+
+
+def _sum(x: DistTensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> DistTensor:
+    return x.sum(_dims(dim), keepdim, dtype=dtype)
+
+
+def _mean(x: DistTensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> DistTensor:
+    return x.mean(_dims(dim), keepdim, dtype=dtype)
+
+
+def _amax(x: DistTensor, dim: Any = (), keepdim: bool = False) -> DistTensor:
+    return x.max(_dims(dim), keepdim)
+
+
+def _amin(x: DistTensor, dim: Any = (), keepdim: bool = False) -> DistTensor:
+    return x.min(_dims(dim), keepdim)
+
+
+def _var(
+    x: DistTensor, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *, correction: Any = None
+) -> DistTensor:
+    return x.var(_dims(dim), ddof=_correction(correction, unbiased), keepdims=keepdim)
+
+
+def _std(
+    x: DistTensor, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *, correction: Any = None
+) -> DistTensor:
+    return x.std(_dims(dim), ddof=_correction(correction, unbiased), keepdims=keepdim)
+
+
+def _cat(tensors: Any, dim: int = 0) -> DistTensor:
+    return concatenate(tensors, dim)
+
+
+def _stack(tensors: Any, dim: int = 0) -> DistTensor:
+    return stack(tensors, dim)
+
+
 MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {
+    torch.cat: _cat,
+    torch.concatenate: _cat,
+    torch.stack: _stack,
+    torch.sum: _sum,
+    torch.mean: _mean,
+    torch.amax: _amax,
+    torch.amin: _amin,
+    torch.var: _var,
+    torch.std: _std,
     torch.flip: _flip,
     torch.roll: _roll,
     F.pad: _pad,
@@ -113,15 +176,18 @@ def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs
     ValueError
         On DistTensor operands of different layouts or grids.
     """
-    if func in MOVES and args and isinstance(args[0], DistTensor):
+    first = args[0] if args else kwargs.get("tensors", kwargs.get("input"))
+    joined = isinstance(first, (list, tuple)) and any(isinstance(t, DistTensor) for t in first)
+    if func in MOVES and (isinstance(first, DistTensor) or joined):
         return MOVES[func](*args, **kwargs)
     name = _pointwise().get(func)
     if name is None:
         what = getattr(func, "__name__", repr(func))
         raise TypeError(
             f"torch function {what} is not supported on DistTensors: only pointwise ones are (activations, "
-            f"elementwise math, comparisons, torch.where; also torch.flip, torch.roll, F.pad, torch.cumsum and torch.cumprod; reductions are x.sum(), "
-            f"x.mean(), ...); apply it to "
+            f"elementwise math, comparisons, torch.where; also torch.flip, torch.roll, F.pad, torch.cat/stack, "
+            f"torch.cumsum/cumprod, "
+            f"torch.sum/mean/amax/amin/var/std; x.max(), x.argmax(), ...); apply it to "
             f"x.local and wrap the result with x.with_local(...) where that is right"
         )
     ref = DistTensor._layout_source((*args, *kwargs.values()))

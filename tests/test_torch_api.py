@@ -49,7 +49,7 @@ def test_pointwise_functions_and_gradients_equal_torch(grid2d: hpctp.ProcessGrid
 @pytest.mark.mpi
 def test_torch_functions_refused(grid2d: hpctp.ProcessGrid) -> None:
     x = _tensor(grid2d, (0, 1, None), True, "torch")
-    for call in (lambda: torch.softmax(x, 0), lambda: F.dropout(x), lambda: torch.sum(x), lambda: torch.cat([x, x])):
+    for call in (lambda: torch.softmax(x, 0), lambda: F.dropout(x), lambda: torch.max(x, 0), lambda: torch.sort(x)):
         with pytest.raises(TypeError, match="is not supported on DistTensors: only pointwise"):
             call()
     with pytest.raises(TypeError, match="plain torch.Tensor of shape .* would broadcast"):
@@ -79,3 +79,35 @@ def test_sum_mean_norm_are_differentiable(grid2d: hpctp.ProcessGrid) -> None:
             ref(ag).backward()
             assert_allclose(grid2d, loss.local.detach(), ref(a), rtol=1e-13, what=what)
             assert_allclose(grid2d, x.local.grad, ag.grad[x.local_slices], rtol=1e-12, atol=1e-15, what=f"d {what}")
+
+
+@pytest.mark.mpi
+def test_torch_reductions_and_joins(grid2d: hpctp.ProcessGrid) -> None:
+    """torch.sum/mean/amax/amin/var/std (torch's arguments and defaults) and torch.cat/stack on
+    DistTensors equal torch on the gathered tensor, gradients too."""
+    a = torch.from_numpy(np.round(np.sin(_global(SHAPE)) * 3))  # ties for amax/amin
+    cases = [
+        ("sum dim 1", lambda t: torch.sum(t, 1)),
+        ("sum keepdim", lambda t: torch.sum(t, dim=(0, 2), keepdim=True)),
+        ("mean", lambda t: torch.mean(t)),
+        ("amax", lambda t: torch.amax(t, dim=0)),
+        ("amin all", lambda t: torch.amin(t)),
+        ("var (unbiased by default)", lambda t: torch.var(t, dim=1)),
+        ("var unbiased=False", lambda t: torch.var(t, 2, False, True)),
+        ("std correction=0", lambda t: torch.std(t, dim=(0, 1), correction=0)),
+        ("cat", lambda t: torch.cat([t, t[:2] * 2], dim=0)),
+        ("stack", lambda t: torch.stack((t, t * 3), dim=1)),
+    ]
+    for split, (what, fn) in itertools.product(_splits(grid2d), cases):
+        x0 = _tensor(grid2d, split, True, "torch")
+        x = x0.with_local(a[x0.local_slices].clone().requires_grad_(True))
+        out = fn(x)
+        ag = a.clone().requires_grad_(True)
+        want = fn(ag)
+        assert_allclose(
+            grid2d, out.gather(None).detach(), want.detach(), rtol=1e-13, atol=1e-13, what=f"{what} {split}"
+        )
+        w = torch.cos(torch.arange(want.numel(), dtype=torch.float64)).reshape(want.shape)
+        (out.local * w[out.local_slices]).sum().backward()  # the rank's part of a replicated loss
+        (want * w).sum().backward()
+        assert_allclose(grid2d, x.local.grad, ag.grad[x.local_slices], rtol=1e-12, atol=1e-14, what=f"d {what} {split}")
