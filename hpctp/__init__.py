@@ -15,6 +15,7 @@ from .join import concatenate, stack
 from .layout import Layout, block_range
 from .linalg import matmul
 from .pad import pad
+from .quantiles import median, percentile, quantile
 from .scan import cumprod, cumsum
 from .tensor import DistTensor
 
@@ -47,9 +48,12 @@ __all__ = [
     "layout",
     "linalg",
     "matmul",
+    "median",
+    "percentile",
     "perf",
     "ones",
     "pad",
+    "quantile",
     "random",
     "stack",
     "trapezoid",

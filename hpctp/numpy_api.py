@@ -23,6 +23,7 @@ from .histogram import histogram
 from .join import concatenate, numpy_style, stack
 from .ops.elementwise import torch_operand, ufunc_for
 from .pad import pad
+from .quantiles import median, percentile, quantile
 from .tensor import DistTensor
 
 __all__ = ["apply_ufunc", "apply_function", "FUNCTIONS"]
@@ -116,6 +117,27 @@ def _pad(array: DistTensor, pad_width: Any, mode: Any = "constant", **kwargs: An
     return pad(array, pad_width, mode, **kwargs)
 
 
+def _order_statistic(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """numpy's ``quantile``/``percentile`` signature onto :mod:`hpctp.quantiles` (``out=``,
+    ``weights=`` and ``interpolation=`` refused; ``overwrite_input`` is moot: blocks are not sorted)."""
+
+    def call(
+        a: Any, q: Any, axis: Any = None, out: Any = None, overwrite_input: bool = False, method: str = "linear",
+        keepdims: bool = False, *, weights: Any = None, interpolation: Any = None,
+    ) -> Any:  # fmt: skip
+        if out is not None or weights is not None or interpolation is not None:
+            raise TypeError(f"numpy.{name} on DistTensors takes no out=, weights= or interpolation= (use method=)")
+        return fn(a, q, axis, method, keepdims)
+
+    return call
+
+
+def _median(a: Any, axis: Any = None, out: Any = None, overwrite_input: bool = False, keepdims: bool = False) -> Any:
+    if out is not None:
+        raise TypeError("numpy.median on DistTensors takes no out=: use the returned tensor")
+    return median(a, axis, keepdims)
+
+
 def _method(func: Callable[..., Any]) -> Callable[..., Any]:
     """numpy's own implementation, which calls the DistTensor's method of that name (for
     functions whose implementation does not retry a TypeError on a converted array, as
@@ -147,13 +169,17 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.stack: numpy_style(stack),
     np.pad: _pad,
     np.histogram: histogram,
+    np.quantile: _order_statistic("quantile", quantile),
+    np.percentile: _order_statistic("percentile", percentile),
+    np.median: _median,
     np.broadcast_to: lambda array, shape, subok=False: broadcast_to(array, shape),
 }
 
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.histogram``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
+    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.histogram``, ``np.quantile``,
+    ``np.percentile``, ``np.median``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
     ``np.roll``, ``np.diff``, ``np.gradient``, ``np.trapezoid``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
     ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
     :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.

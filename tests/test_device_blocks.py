@@ -220,6 +220,9 @@ def test_core_ops_keep_blocks_on_the_device(grid2d: hpctp.ProcessGrid, kind: Kin
         assert_all(grid2d, kind.holds(cs.local), "cumsum and var keep the kind")
         want = np.cumsum(a, axis=0) - a.var(1, keepdims=True)
         assert_allclose(grid2d, cs.gather(None), want, rtol=1e-13, what="cumsum - var")
+        md = np.median(x, axis=0) + np.quantile(x, 0.3)  # order statistics (searched on the host)
+        assert_all(grid2d, kind.holds(md.local), "median and quantile keep the kind")
+        assert_equal(grid2d, md.gather(None), np.median(a, axis=0) + np.quantile(a, 0.3), "median + quantile")
         mesh = np.cumsum(np.linspace(0.5, 2.0, 9))  # coordinates: numpy's weights as profiles on the device
         gr = np.gradient(x, mesh, axis=0)
         assert_all(grid2d, kind.holds(gr.local), "gradient with coordinates keeps the kind")
