@@ -8,8 +8,10 @@ The result is then an element of the tensor, so numpy's interpolation between th
 statistics around each quantile (``linear``, its default) and numpy's median (the mean of the
 two middle values) give numpy's values. A NaN in a slice makes its result NaN, as in numpy.
 
-Blocks are searched on the host (device blocks are copied there); the result is on the
-blocks' backend. Not differentiable: a tensor that requires grad is refused.
+Each step compares every element of the block with the trial values (for the two order
+statistics around every quantile at once), so a quantile costs at most 64 passes over the
+block. Blocks are searched on the host (device blocks are copied there); the result is on
+the blocks' backend. Not differentiable: a tensor that requires grad is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import comm as C
-from .backend import from_numpy, to_numpy
+from .backend import dtype_kind, from_numpy, to_numpy
 from .layout import Layout
 from .ops.reduce import allreduce_over_axes, normalize_axes
 from .ops.transfer import needs_grad
@@ -60,7 +62,7 @@ def _order_statistics(x: DistTensor, axes: tuple[int, ...], ranks: np.ndarray) -
     grid_axes = sorted({g for g in (x.split[d] for d in axes) if g is not None and x.grid.dims[g] > 1})
     kept = tuple(1 if d in axes else n for d, n in enumerate(keys.shape))
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    stats = np.stack(  # slice minimum, -maximum, NaN count: one all-reduce (min of -max is max)
+    stats = np.stack(  # each slice's minimum and -maximum: one all-reduce (the max is -min(-max))
         [
             keys.min(axis=axes, keepdims=True, initial=big),
             -np.maximum(keys.max(axis=axes, keepdims=True, initial=small), small + 1),
@@ -116,7 +118,7 @@ def _checked(x: DistTensor, what: str, axis: object, q: object = None) -> tuple[
     try:
         if not isinstance(x, DistTensor):
             raise TypeError(f"hpctp.{what} needs a DistTensor, got {type(x).__name__}")
-        if np.dtype(to_numpy(x.local[tuple(slice(0, 0) for _ in range(x.ndim))]).dtype).kind == "c":
+        if dtype_kind(x.local) == "c":
             raise TypeError(f"{what}: a must be an array of real numbers")
         if needs_grad(x.local):
             raise TypeError(f"{what} of a tensor that requires grad is not differentiable; use x.detach()")
