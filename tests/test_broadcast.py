@@ -8,14 +8,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
+from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, check_gradient
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
-
-
-def _np(x: object) -> np.ndarray:
-    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 @pytest.mark.mpi
@@ -41,7 +37,9 @@ def test_smaller_operands_broadcast_as_in_numpy(grid2d: hpctp.ProcessGrid, backe
         }  # fmt: skip
         for what, (got, want) in cases.items():
             assert_all(grid2d, got.layout == x.layout, f"{what}: the larger operand's layout, got {got.layout}")
-            assert_allclose(grid2d, _np(got.gather(None)), want, rtol=1e-14, atol=1e-13, what=f"{what} {split} {skew}")
+            assert_allclose(
+                grid2d, as_numpy(got.gather(None)), want, rtol=1e-14, atol=1e-13, what=f"{what} {split} {skew}"
+            )
 
 
 @pytest.mark.mpi

@@ -7,16 +7,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
+from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, check_gradient
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
 
 STRETCHED = np.cumsum(np.linspace(0.5, 2.0, SHAPE[0]))  # coordinates along dim 0: a stretched mesh
-
-
-def _np(x: object) -> np.ndarray:
-    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 @pytest.mark.mpi
@@ -51,12 +47,16 @@ def test_diff_and_gradient_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) 
             want = want if isinstance(want, tuple) else (want,)
             assert_all(grid2d, len(got) == len(want), f"{what}: {len(got)} results, numpy {len(want)}")
             for g, w in zip(got, want):
-                assert_allclose(grid2d, _np(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"{what} {split} {skew}")
+                assert_allclose(
+                    grid2d, as_numpy(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"{what} {split} {skew}"
+                )
         every = hpctp.gradient(x, STRETCHED, 1.0, np.arange(6.0) ** 2, edge_order=2)
         layouts_kept = all(g.layout == x.layout for g in every)
         assert_all(grid2d, len(every) == 3 and layouts_kept, "one derivative per dim, each in the field's layout")
         for g, w in zip(every, np.gradient(a, STRETCHED, 1.0, np.arange(6.0) ** 2, edge_order=2)):
-            assert_allclose(grid2d, _np(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"all axes {split} {skew}")
+            assert_allclose(
+                grid2d, as_numpy(g.gather(None)), w, rtol=1e-14, atol=1e-14, what=f"all axes {split} {skew}"
+            )
 
 
 @pytest.mark.mpi
@@ -131,7 +131,7 @@ def test_trapezoid_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None
         }
         for what, (got, want) in cases.items():
             assert_all(grid2d, got.global_shape == want.shape, f"{what}: shape {got.global_shape}")
-            assert_allclose(grid2d, _np(got.gather(None)), want, rtol=1e-13, atol=0, what=f"{what} {split} {skew}")
+            assert_allclose(grid2d, as_numpy(got.gather(None)), want, rtol=1e-13, atol=0, what=f"{what} {split} {skew}")
     for skew in (False, True):
         check_gradient(
             grid2d,

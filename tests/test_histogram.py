@@ -7,16 +7,10 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
-from test_indexing import SHAPE, _global, _splits, _tensor
+from test_indexing import SHAPE, _global, _splits, _tensor, with_values
 
 import hpctp
 from hpctp.testing import assert_allclose, assert_equal
-
-
-def _with(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
-    block = np.ascontiguousarray(a[x.local_slices])
-    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
 
 
 @pytest.mark.mpi
@@ -32,7 +26,7 @@ def test_histogram_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None
     cases = [{}, {"bins": 7}, {"bins": [-1.0, -0.3, 0.0, 0.1, 1.0, 30.0]}, {"bins": 5, "range": (-0.5, 12)}]
     cases += [{"bins": 4, "density": True}]
     for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), data.items()):
-        x = _with(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for kw in cases:
             what = f"{name} {kw} split={split} skew={skew}"
             counts, edges = np.histogram(x, **kw)  # type: ignore[call-overload]
@@ -45,15 +39,15 @@ def test_histogram_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None
 def test_histogram_weights_and_nans(grid2d: hpctp.ProcessGrid) -> None:
     a = np.cos(_global(SHAPE))
     w = np.abs(np.sin(_global(SHAPE))) + 0.25
-    x = _with(_tensor(grid2d, (0, 1, None), True), a)
-    weights = _with(_tensor(grid2d, (0, 1, None), False), w)  # cut differently: aligned first
+    x = with_values(_tensor(grid2d, (0, 1, None), True), a)
+    weights = with_values(_tensor(grid2d, (0, 1, None), False), w)  # cut differently: aligned first
     got, _ = hpctp.histogram(x, 6, weights=weights)
     assert_allclose(grid2d, got, np.histogram(a, 6, weights=w)[0], rtol=1e-13, what="weighted counts")
     got, _ = np.histogram(x, 6, weights=weights, density=True)
     assert_allclose(grid2d, got, np.histogram(a, 6, weights=w, density=True)[0], rtol=1e-13, what="weighted density")
     b = a.copy()
     b[3, 2, 1] = np.nan  # with a range, numpy leaves NaNs out
-    y = _with(_tensor(grid2d, (0, 1, None), True), b)
+    y = with_values(_tensor(grid2d, (0, 1, None), True), b)
     assert_equal(grid2d, np.histogram(y, 5, (-1, 1))[0], np.histogram(b, 5, (-1, 1))[0], "NaN left out")
     with pytest.raises(ValueError, match="autodetected range of \\[nan, nan\\] is not finite"):
         np.histogram(y)

@@ -53,6 +53,17 @@ def _tensor(
     return x.to(backend)
 
 
+def as_numpy(x: object) -> np.ndarray:
+    """A gathered result (numpy array or CPU torch tensor) as a numpy array."""
+    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def with_values(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
+    """``x``'s layout and backend holding the global array ``a`` (each rank its part)."""
+    block = np.ascontiguousarray(a[x.local_slices])
+    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
+
+
 def _splits(grid: hpctp.ProcessGrid) -> list[tuple[int | None, ...]]:
     axes = list(range(grid.ndim))
     out = [(None,) * 3]

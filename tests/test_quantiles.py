@@ -7,21 +7,11 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
-from test_indexing import SHAPE, _global, _splits, _tensor
+from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, with_values
 
 import hpctp
 from hpctp.quantiles import from_keys, sortable_keys
 from hpctp.testing import assert_all, assert_equal
-
-
-def _np(x: object) -> np.ndarray:
-    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def _with(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
-    block = np.ascontiguousarray(a[x.local_slices])
-    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int64", "int8"])
@@ -44,7 +34,7 @@ def test_quantiles_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
     base[0, 0, 0] = -0.0
     data = {"float64": base, "float32": base.astype(np.float32), "int64": (base * 10).astype(np.int64)}
     for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), data.items()):
-        x = _with(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for axis, q, keepdims in (
             (None, 0.3, False),
             (0, [0.0, 0.25, 0.5, 1.0], False),
@@ -54,21 +44,21 @@ def test_quantiles_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
             what = f"{name} quantile q={q} axis={axis} keepdims={keepdims} split={split} skew={skew}"
             got = np.quantile(x, q, axis=axis, keepdims=keepdims)
             want = np.quantile(a, q, axis=axis, keepdims=keepdims)
-            ok = got.global_shape == np.shape(want) and np.dtype(_np(got.local).dtype) == want.dtype
+            ok = got.global_shape == np.shape(want) and np.dtype(as_numpy(got.local).dtype) == want.dtype
             assert_all(grid2d, ok, f"{what}: shape {got.global_shape}, dtype {got.local.dtype} vs {want.dtype}")
-            assert_equal(grid2d, _np(got.gather(None)), want, what)
+            assert_equal(grid2d, as_numpy(got.gather(None)), want, what)
         for axis in (None, 1, (0, 1)):  # even and odd counts
             want = np.median(a, axis=axis)
-            assert_equal(grid2d, _np(np.median(x, axis=axis).gather(None)), want, f"{name} median axis={axis}")
+            assert_equal(grid2d, as_numpy(np.median(x, axis=axis).gather(None)), want, f"{name} median axis={axis}")
         want = np.percentile(a, [5, 50, 95], axis=0)
-        assert_equal(grid2d, _np(np.percentile(x, [5, 50, 95], axis=0).gather(None)), want, f"{name} percentile")
+        assert_equal(grid2d, as_numpy(np.percentile(x, [5, 50, 95], axis=0).gather(None)), want, f"{name} percentile")
 
 
 @pytest.mark.mpi
 def test_quantiles_of_nans(grid2d: hpctp.ProcessGrid) -> None:
     a = np.cos(_global(SHAPE))
     a[3, 1, :2] = np.nan  # the slices holding a NaN give NaN, as in numpy
-    x = _with(_tensor(grid2d, (0, 1, None), True), a)
+    x = with_values(_tensor(grid2d, (0, 1, None), True), a)
     for axis in (None, 0, 2):
         assert_equal(grid2d, np.median(x, axis=axis).gather(None), np.median(a, axis=axis), f"median axis={axis}")
         got = hpctp.quantile(x, [0.2, 0.8], axis=axis).gather(None)

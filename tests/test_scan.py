@@ -8,19 +8,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
+from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, check_gradient, with_values
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose, assert_equal
-
-
-def _np(x: object) -> np.ndarray:
-    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def _with(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
-    block = np.ascontiguousarray(a[x.local_slices])
-    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
 
 
 @pytest.mark.mpi
@@ -34,18 +25,18 @@ def test_cumsum_cumprod_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> 
         "complex128": base * (1 - 0.5j),
     }
     for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), data.items()):
-        x = _with(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for axis, op in itertools.product((0, 1, -1), ("cumsum", "cumprod")):
             got = getattr(np, op)(x, axis=axis)
             want = getattr(np, op)(a, axis=axis)
             what = f"{name} {op} axis={axis} split={split} skew={skew}"
-            ok = got.layout == x.layout and np.dtype(_np(got.local).dtype) == want.dtype
+            ok = got.layout == x.layout and np.dtype(as_numpy(got.local).dtype) == want.dtype
             assert_all(grid2d, ok, f"{what}: layout kept, dtype {got.local.dtype} (numpy {want.dtype})")
-            assert_allclose(grid2d, _np(got.gather(None)), want, rtol=1e-13, atol=0, what=what)
-    x = _with(_tensor(grid2d, (0, 1, None), True, backend), data["float64"])
+            assert_allclose(grid2d, as_numpy(got.gather(None)), want, rtol=1e-13, atol=0, what=what)
+    x = with_values(_tensor(grid2d, (0, 1, None), True, backend), data["float64"])
     got = x.cumsum(1, dtype="float32")
     want = np.cumsum(data["float64"], 1, dtype=np.float32)
-    assert_allclose(grid2d, _np(got.gather(None)), want, rtol=1e-6, atol=0, what="cumsum dtype=float32")
+    assert_allclose(grid2d, as_numpy(got.gather(None)), want, rtol=1e-6, atol=0, what="cumsum dtype=float32")
 
 
 @pytest.mark.mpi

@@ -8,19 +8,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor
+from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, with_values
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose, assert_equal
-
-
-def _np(x: object) -> np.ndarray:
-    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def _with(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
-    block = a[x.local_slices].copy()
-    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
 
 
 @pytest.mark.mpi
@@ -33,16 +24,16 @@ def test_argmax_argmin_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> N
     for split, skew, (name, a) in itertools.product(
         _splits(grid2d), (False, True), (("ties", ties), ("nans", nans), ("ints", ints))
     ):
-        x = _with(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for axis, keepdims in itertools.product((None, 0, 1, -1), (False, True)):
             for op in ("argmax", "argmin"):
                 got = getattr(x, op)(axis, keepdims)
                 want = getattr(np, op)(a, axis=axis, keepdims=keepdims)
                 what = f"{name} {op} axis={axis} keepdims={keepdims} split={split} skew={skew}"
                 assert_all(grid2d, got.global_shape == np.shape(want), f"{what}: shape {got.global_shape}")
-                assert_equal(grid2d, _np(got.gather(None)).astype(np.int64), np.asarray(want), what)
+                assert_equal(grid2d, as_numpy(got.gather(None)).astype(np.int64), np.asarray(want), what)
         assert_all(grid2d, int(np.argmax(x)) == int(np.argmax(a)), f"{name}: np.argmax dispatch")
-        assert_equal(grid2d, _np(np.argmin(x, axis=2).gather(None)), np.argmin(a, axis=2), f"{name}: np.argmin")
+        assert_equal(grid2d, as_numpy(np.argmin(x, axis=2).gather(None)), np.argmin(a, axis=2), f"{name}: np.argmin")
 
 
 @pytest.mark.mpi
@@ -76,9 +67,9 @@ def test_max_min_propagate_nan_across_ranks(grid2d: hpctp.ProcessGrid, backend: 
     a = np.cos(_global(SHAPE))
     a[0, 0, 0] = a[6, 4, 5] = a[3, 2, 1] = np.nan
     for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _with(_tensor(grid2d, split, skew, backend), a)
+        x = with_values(_tensor(grid2d, split, skew, backend), a)
         for op, axis in itertools.product(("max", "min"), (None, 0, 1, (0, 2))):
-            got = _np(getattr(x, op)(axis).gather(None))
+            got = as_numpy(getattr(x, op)(axis).gather(None))
             assert_equal(grid2d, got, getattr(np, op)(a, axis=axis), f"{op} axis={axis} split={split} skew={skew}")
 
 
