@@ -21,6 +21,7 @@ from .broadcast import broadcast_to
 from .differences import diff, gradient, trapezoid
 from .histogram import histogram
 from .join import concatenate, numpy_style, stack
+from .nanfunctions import nanmax, nanmean, nanmin, nanstd, nansum, nanvar
 from .ops.elementwise import torch_operand, ufunc_for
 from .pad import pad
 from .quantiles import median, percentile, quantile
@@ -138,6 +139,28 @@ def _median(a: Any, axis: Any = None, out: Any = None, overwrite_input: bool = F
     return median(a, axis, keepdims)
 
 
+def _nan_reduction(fn: Callable[..., Any], dtype_arg: bool, moments: bool = False) -> Callable[..., Any]:
+    """numpy's signature of a NaN-skipping reduction onto :mod:`hpctp.nanfunctions`: ``axis``,
+    ``keepdims``, ``dtype`` (converts first), ``ddof``/``correction`` for the moments; ``out``,
+    ``initial``, ``where`` and ``mean`` refused."""
+
+    def call(a: Any, axis: Any = None, *args: Any, **kwargs: Any) -> Any:
+        names = (["dtype"] if dtype_arg else []) + ["out"] + (["ddof"] if moments else []) + ["keepdims"]
+        kwargs.update(zip(names, args))
+        unsupported = {k for k, v in kwargs.items() if k in ("out", "initial", "where", "mean") and v is not None}
+        if unsupported or set(kwargs) - {"dtype", "out", "ddof", "keepdims", "correction", "initial", "where", "mean"}:
+            raise TypeError(
+                f"numpy.{fn.__name__} on DistTensors takes axis, keepdims, dtype and (for the moments) ddof "
+                f"only, got {sorted(kwargs)}"
+            )
+        if kwargs.get("dtype") is not None:
+            a = a.astype(kwargs["dtype"])
+        extra = {"ddof": kwargs.get("correction") or kwargs.get("ddof", 0)} if moments else {}
+        return fn(a, axis, keepdims=bool(kwargs.get("keepdims", False)), **extra)
+
+    return call
+
+
 def _method(func: Callable[..., Any]) -> Callable[..., Any]:
     """numpy's own implementation, which calls the DistTensor's method of that name (for
     functions whose implementation does not retry a TypeError on a converted array, as
@@ -169,6 +192,12 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.stack: numpy_style(stack),
     np.pad: _pad,
     np.histogram: histogram,
+    np.nansum: _nan_reduction(nansum, True),
+    np.nanmean: _nan_reduction(nanmean, True),
+    np.nanmax: _nan_reduction(nanmax, False),
+    np.nanmin: _nan_reduction(nanmin, False),
+    np.nanvar: _nan_reduction(nanvar, True, moments=True),
+    np.nanstd: _nan_reduction(nanstd, True, moments=True),
     np.quantile: _order_statistic("quantile", quantile),
     np.percentile: _order_statistic("percentile", percentile),
     np.median: _median,
@@ -178,7 +207,8 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.histogram``, ``np.quantile``,
+    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.nansum`` and the other NaN-skipping
+    reductions, ``np.histogram``, ``np.quantile``,
     ``np.percentile``, ``np.median``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
     ``np.roll``, ``np.diff``, ``np.gradient``, ``np.trapezoid``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
     ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
