@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .backend import broadcasts_to, empty_like_backend
+from .backend import broadcasts_to
+from .factories import empty_in
 from .ints import is_int
 from .layout import Layout
 from .tensor import DistTensor
@@ -76,13 +77,12 @@ def broadcast_to(x: DistTensor, shape: int | Sequence[int]) -> DistTensor:
     if not isinstance(x, DistTensor):
         raise TypeError(f"hpctp.broadcast_to needs a DistTensor, got {type(x).__name__}")
     target = _shape(shape)
-    if not broadcasts_to(x.shape, target) or len(target) < x.ndim:
+    if not broadcasts_to(x.shape, target):
         raise ValueError(
             f"broadcast_to: a tensor of shape {x.shape} cannot be broadcast to shape {target} (numpy's rule: "
             f"the target has at least as many dims, and each dim of x is 1 or the target's size)"
         )
-    layout = broadcast_layout(x.layout, target)
-    out = DistTensor(empty_like_backend(layout.local_shape(x.grid.coords), x.local.dtype, x.local), x.grid, layout)
+    out = empty_in(broadcast_layout(x.layout, target), x.grid, x.local.dtype, x.local)
     block = out._broadcast_operand(x, "broadcast_to")  # (x in the layout that broadcasts against out's blocks)
     out.local[...] = block
     return out

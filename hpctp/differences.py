@@ -103,9 +103,9 @@ def _spacings(varargs: Sequence[object], axes: tuple[int, ...], shape: tuple[int
     return out
 
 
-def _number(h: object) -> float:
+def _number(h: object, what: str = "gradient") -> float:
     if not isinstance(h, (numbers.Real, np.generic)) or isinstance(h, (bool, np.bool_)):
-        raise TypeError(f"gradient: a spacing must be a real number or a 1-D coordinate array, got {h!r}")
+        raise TypeError(f"{what}: a spacing must be a real number or a 1-D coordinate array, got {h!r}")
     return h  # type: ignore[return-value]  # (as numpy: an int spacing stays an int)
 
 
@@ -242,7 +242,7 @@ def trapezoid(y: DistTensor, x: object = None, dx: float = 1.0, axis: int = -1) 
     n = y.shape[d_ax]
     d: object
     if x is None:
-        d = _number(dx)
+        d = _number(dx, "trapezoid")
     elif isinstance(x, DistTensor):
         if x.shape != y.shape:
             raise ValueError(f"trapezoid: sample points of shape {x.shape} for values of shape {y.shape}")

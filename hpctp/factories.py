@@ -188,7 +188,12 @@ def empty(
         On a bad shape, split or backend.
     """
     grid = check_grid(grid)
-    layout = Layout(tuple(shape), grid.dims, split)  # type: ignore[arg-type]
+    return empty_in(Layout(tuple(shape), grid.dims, split), grid, dtype, like)  # type: ignore[arg-type]
+
+
+def empty_in(layout: Layout, grid: ProcessGrid, dtype: object, like: object) -> DistTensor:
+    """Local. An uninitialised distributed tensor of ``layout`` on ``grid`` (``dtype`` and
+    ``like`` as for :func:`empty`; e.g. ``x.local.dtype`` and ``x.local`` for ``x``'s kind)."""
     return DistTensor(empty_like_backend(layout.local_shape(grid.coords), dtype, like), grid, layout)
 
 

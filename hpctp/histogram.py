@@ -15,6 +15,7 @@ import numpy as np
 
 from . import comm as C
 from .backend import to_numpy
+from .ints import is_int
 from .ops.reduce import allreduce_over_axes
 from .tensor import DistTensor
 
@@ -81,14 +82,12 @@ def histogram(
         _check(x, bins, range, weights)
     except (TypeError, ValueError) as e:
         error = e
-    edges_arg = None if isinstance(bins, (int, np.integer)) else np.asarray(bins)
     C.agree_arguments(
-        x.grid.comm, "histogram", error, bins=edges_arg if edges_arg is not None else bins, range=range,
-        density=density, weights=weights is not None,
-    )  # fmt: skip
+        x.grid.comm, "histogram", error, bins=bins, range=range, density=density, weights=weights is not None
+    )
     values = to_numpy(x.local)
     outer: Any = range
-    if range is None and edges_arg is None:
+    if range is None and is_int(bins):  # (edges given: numpy takes their ends)
         if x.size == 0:
             outer = (0, 1)
         else:  # (numpy scalars of the data's dtype, as numpy's own min/max: the same edges)

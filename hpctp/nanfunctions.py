@@ -17,6 +17,7 @@ import numpy as np
 
 from .backend import dtype_kind
 from .ops.reduce import normalize_axes
+from .statistics import check_ddof, squared_magnitude
 from .tensor import DistTensor
 
 __all__ = ["nansum", "nanmean", "nanmax", "nanmin", "nanvar", "nanstd"]
@@ -80,15 +81,13 @@ def nanvar(
     (numpy's two passes over the numbers; NaN where ``count - ddof <= 0``)."""
     if dtype_kind(x.local) not in "fc":
         return x.var(axis, ddof=ddof, keepdims=keepdims)
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, float)):
-        raise TypeError(f"nanvar/nanstd: ddof must be a real number, got {ddof!r}")
+    check_ddof(ddof, "nanvar/nanstd")
     axes = normalize_axes(axis, x.ndim)
     nan = _isnan(x)
     zeroed = _where(nan, 0, x)
     count = (nan == 0).sum(axes, keepdims=True)
     mean = zeroed.sum(axes, keepdims=True) / count.astype(zeroed.local.dtype)
-    d = _where(nan, 0, zeroed - mean)
-    sq = d.real * d.real + d.imag * d.imag if dtype_kind(d.local) == "c" else d * d
+    sq = squared_magnitude(_where(nan, 0, zeroed - mean))
     dof = count - ddof
     var = sq.sum(axes, keepdims=True) / dof.astype(sq.local.dtype)
     var = _where(dof <= 0, math.nan, var)

@@ -25,6 +25,7 @@ from .nanfunctions import nanmax, nanmean, nanmin, nanstd, nansum, nanvar
 from .ops.elementwise import torch_operand, ufunc_for
 from .pad import pad
 from .quantiles import median, percentile, quantile
+from .statistics import resolve_ddof
 from .tensor import DistTensor
 
 __all__ = ["apply_ufunc", "apply_function", "FUNCTIONS"]
@@ -155,7 +156,7 @@ def _nan_reduction(fn: Callable[..., Any], dtype_arg: bool, moments: bool = Fals
             )
         if kwargs.get("dtype") is not None:
             a = a.astype(kwargs["dtype"])
-        extra = {"ddof": kwargs.get("correction") or kwargs.get("ddof", 0)} if moments else {}
+        extra = {"ddof": resolve_ddof(kwargs.get("ddof", 0), kwargs.get("correction"))} if moments else {}
         return fn(a, axis, keepdims=bool(kwargs.get("keepdims", False)), **extra)
 
     return call
@@ -207,12 +208,13 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.var``, ``np.std``, ``np.any``, ``np.all``, ``np.nansum`` and the other NaN-skipping
-    reductions, ``np.histogram``, ``np.quantile``,
-    ``np.percentile``, ``np.median``, ``np.argmax``, ``np.argmin``, ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
-    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.trapezoid``, ``np.concatenate``, ``np.stack``, ``np.pad`` and
-    ``np.broadcast_to`` where they move data, else Local. ``func(*args, **kwargs)`` for the numpy functions in
-    :data:`FUNCTIONS`; see ``DistTensor.__array_function__``.
+    ``np.var``, ``np.std``, ``np.any``, ``np.all``, the ``np.nan*`` reductions, ``np.histogram``,
+    ``np.quantile``, ``np.percentile``, ``np.median``, ``np.argmax``, ``np.argmin``,
+    ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
+    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.trapezoid``, ``np.concatenate``,
+    ``np.stack``, ``np.pad`` and ``np.broadcast_to`` where they move data, else Local.
+    ``func(*args, **kwargs)`` for the numpy functions in :data:`FUNCTIONS`; see
+    ``DistTensor.__array_function__``.
 
     Raises
     ------

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from . import comm as C
-from .backend import empty_like_backend
 from .broadcast import broadcast_to
+from .factories import empty_in
 from .ints import is_int
 from .join import concatenate
 from .layout import Layout
@@ -108,7 +108,7 @@ def _constant(x: DistTensor, widths: list[tuple[int, int]], values: list[tuple[A
     shape = tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
     padded = [b + a > 0 for b, a in widths]
     layout = Layout(shape, x.layout.grid_dims, x.split, tuple(None if p else c for p, c in zip(padded, x.layout.cuts)))
-    out = DistTensor(empty_like_backend(layout.local_shape(x.grid.coords), x.local.dtype, x.local), x.grid, layout)
+    out = empty_in(layout, x.grid, x.local.dtype, x.local)
     inner = [slice(b, b + n) for n, (b, _) in zip(x.shape, widths)]
     for d, ((before, after), (v0, v1)) in enumerate(zip(widths, values)):  # numpy's order: later dims win corners
         rest = [slice(None)] * d + inner[d:]

@@ -191,9 +191,7 @@ def quantile(
     a, b = stats[:k], stats[k:]
     gamma = virtual - prev
     t: Any = float(gamma) if weak else gamma.reshape((k,) + (1,) * (a.ndim - 1))
-    out = _lerp(a, b, t)
-    if out.dtype.kind != "f":  # (bools)
-        out = out.astype(np.float64)
+    out = _lerp(a, b, t)  # (float: ints meet a float t)
     out = np.where(nan, out.dtype.type(np.nan), out)
     return _result(x, axes, keepdims, out.reshape(qs.shape + out.shape[1:]), qs.ndim)
 
@@ -229,5 +227,5 @@ def median(x: DistTensor, axis: int | Sequence[int] | None = None, keepdims: boo
     dtype = stats.dtype if stats.dtype.kind == "f" else np.dtype(np.float64)
     a, b = stats[0].astype(dtype), stats[1].astype(dtype)
     out = (a + b) / dtype.type(2) if n % 2 == 0 else a
-    out = np.where(nan, np.array(np.nan, dtype), out).astype(dtype)
+    out = np.where(nan, dtype.type(np.nan), out)
     return _result(x, axes, keepdims, out, 0)

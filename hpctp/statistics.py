@@ -12,12 +12,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
-from .backend import array_module, dtype_kind
+import numpy as np
+
+from .backend import dtype_kind
 from .ops.reduce import normalize_axes
 from .tensor import DistTensor
 
-__all__ = ["var", "std", "any_nonzero", "all_nonzero"]
+__all__ = ["var", "std", "any_nonzero", "all_nonzero", "resolve_ddof", "check_ddof", "squared_magnitude"]
+
+
+def resolve_ddof(ddof: float, correction: float | None, where: object = None, mean: object = None) -> float:
+    """Local. numpy's ``ddof``/``correction`` of ``var``/``std`` (one of them); ``where=``/``mean=`` refused."""
+    if where is not None or mean is not None:
+        raise TypeError("var/std on DistTensors take no where= or mean=; select with x[key] first")
+    if correction is None:
+        return ddof
+    if ddof != 0:
+        raise ValueError("var/std: ddof and correction are the same argument; give one of them")
+    return correction
+
+
+def check_ddof(ddof: object, what: str) -> None:
+    """Local. Raise a TypeError naming ``what`` unless ``ddof`` is a real number."""
+    if isinstance(ddof, bool) or not isinstance(ddof, (int, float)):
+        raise TypeError(f"{what}: ddof must be a real number, got {ddof!r}")
+
+
+def squared_magnitude(d: DistTensor) -> DistTensor:
+    """Local. ``|d|**2`` as numpy's ``var`` computes it: ``d * d``, or ``re * re + im * im``."""
+    return d.real * d.real + d.imag * d.imag if dtype_kind(d.local) == "c" else d * d
 
 
 def var(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0, keepdims: bool = False) -> DistTensor:
@@ -45,12 +70,10 @@ def var(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0,
     ValueError
         On a bad axis (on every rank).
     """
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, float)):
-        raise TypeError(f"var/std: ddof must be a real number, got {ddof!r}")
+    check_ddof(ddof, "var/std")
     axes = normalize_axes(axis, x.ndim)
     f = x if x._is_inexact() else x.astype("float64")
-    d = f - f.mean(axes, keepdims=True)
-    sq = d.real * d.real + d.imag * d.imag if dtype_kind(d.local) == "c" else d * d
+    sq = squared_magnitude(f - f.mean(axes, keepdims=True))
     n = math.prod(x.global_shape[a] for a in axes)
     return sq.sum(axes, keepdims) / max(n - ddof, 0)
 
@@ -58,8 +81,7 @@ def var(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0,
 def std(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0, keepdims: bool = False) -> DistTensor:
     """Collective over grid. The standard deviation, ``sqrt(var(x, axis, ddof, keepdims))``, as
     ``numpy.std``; see :func:`var`."""
-    v = var(x, axis, ddof, keepdims)
-    return v._new(v.local.sqrt() if v.backend == "torch" else array_module(v.local).sqrt(v.local))
+    return cast(DistTensor, np.sqrt(var(x, axis, ddof, keepdims)))  # (numpy's protocol: the blocks' sqrt)
 
 
 def any_nonzero(x: DistTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:

@@ -64,17 +64,6 @@ def _comparison(fn: Callable[[Any, Any], Any], op: str) -> Callable[..., Any]:
     return compare
 
 
-def _ddof(ddof: float, correction: float | None, where: object, mean: object) -> float:
-    """numpy's ``ddof``/``correction`` of ``var``/``std`` (one of them); ``where=``/``mean=`` refused."""
-    if where is not None or mean is not None:
-        raise TypeError("var/std on DistTensors take no where= or mean=; select with x[key] first")
-    if correction is None:
-        return ddof
-    if ddof != 0:
-        raise ValueError("var/std: ddof and correction are the same argument; give one of them")
-    return correction
-
-
 class DistTensor:
     """Local. A global tensor cut into blocks over a :class:`~hpctp.ProcessGrid`.
 
@@ -492,9 +481,9 @@ class DistTensor:
         """Collective over grid. Variance over ``axis`` (also ``np.var(x)``); see :func:`hpctp.statistics.var`.
 
         ``correction`` is numpy's other name for ``ddof``; ``where=`` and ``mean=`` are refused."""
-        from .statistics import var  # (it builds on this module)
+        from .statistics import resolve_ddof, var  # (it builds on this module)
 
-        ddof = _ddof(ddof, correction, where, mean)
+        ddof = resolve_ddof(ddof, correction, where, mean)
         return var(self._numpy_style("var", dtype, out), axis, ddof, keepdims)
 
     def std(
@@ -510,9 +499,9 @@ class DistTensor:
         mean: object = None,
     ) -> DistTensor:
         """Collective over grid. Standard deviation over ``axis`` (also ``np.std(x)``); as :meth:`var`."""
-        from .statistics import std
+        from .statistics import resolve_ddof, std
 
-        ddof = _ddof(ddof, correction, where, mean)
+        ddof = resolve_ddof(ddof, correction, where, mean)
         return std(self._numpy_style("std", dtype, out), axis, ddof, keepdims)
 
     def any(self, axis: int | Sequence[int] | None = None, out: None = None, keepdims: bool = False) -> DistTensor:

@@ -165,7 +165,7 @@ def _block(value: Any, ref: DistTensor, name: str) -> Any:
 
 
 def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
-    """Local (Collective over grid for ``torch.flip``/``torch.roll``/``F.pad``/``torch.cumsum``/``torch.cumprod``).
+    """Local (Collective over grid for the functions in :data:`MOVES`: reductions, joins, moves).
     ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
 
     Raises

@@ -196,11 +196,7 @@ def reduce_block(
     if op != "sum" and dtype_kind(local) == "c":  # the dtype is the same on every rank: all raise
         raise TypeError(f"{op} of a complex tensor is not defined (no ordering); reduce abs(x) or x.real instead")
     grad = needs_grad(local)  # (agreed by the caller: every rank takes the same path)
-    grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]
-
-    def over_ranks(buf: Array, how: str) -> None:  # all-reduce over the ranks holding other parts
-        allreduce_over_axes(grid, buf, how, grid_axes)
-
+    grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]  # (ranks holding other parts)
     if grad and op == "sum":
         from ..nn.autograd_comm import allreduce_sum  # (nn builds on this module)
 
@@ -211,13 +207,13 @@ def reduce_block(
         nan_aware = op != "sum" and dtype_kind(red) == "f" and bool(grid_axes)
         # MPI has no MAX/MIN for booleans (0/1 bytes order the same way) and drops NaNs (flagged)
         wire = _with_nan_flags(red, op) if nan_aware else _bool_as_uint8(red)
-        over_ranks(wire, op)
+        allreduce_over_axes(grid, wire, op, grid_axes)
         if nan_aware:
             red = _nan_where_flagged(wire, tuple(red.shape))
         if grad:  # max/min: the gradient goes to the elements equal to the result, shared evenly (torch.amax)
             from ..nn.autograd_reduce import extreme
 
-            red = extreme(local, red, axes, lambda count: over_ranks(count, "sum"))
+            red = extreme(local, red, axes, lambda count: allreduce_over_axes(grid, count, "sum", grid_axes))
     shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))
     split = tuple(None if d in axes else s for d, s in enumerate(layout.split))
     cuts = tuple(None if d in axes else c for d, c in enumerate(layout.cuts))
