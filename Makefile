@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 
 MPIEXEC_ENV := MPIR_CVAR_ENABLE_HEAVY_YIELD=1
 
-.PHONY: install demo core-demo capi test test-main test-mpio lint clean
+.PHONY: install demo core-demo capi test test-main test-mpio lint docs clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,13 +40,20 @@ test-main: install
 test-mpio:
 	bash tests/run_mpio.sh
 
-# style and types (not part of `make test`): ruff lint + format check over the tree, mypy on the library,
-# the apps and the benchmarks
+# style, types and layers (CI runs it after `make test`): ruff lint + format check over the tree, mypy on
+# the library, the apps and the benchmarks, and import-linter's contracts (setup.cfg [importlinter]): every
+# room of hpctp imports only the rooms below it, function-body imports included, so no cycle can form
 lint: install
 	$(PY) -m pip install -q -c constraints.txt -e ".[lint]"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy hpctp apps benchmarks
+	$(VENV)/bin/lint-imports
+
+# the API reference (Sphinx + numpydoc) into build/docs/html; warnings are errors (CI runs it)
+docs: install
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs build/docs/html
 
 capi: install
 	cmake -S . -B build/capi -DPython3_EXECUTABLE=$(abspath $(PY)) && cmake --build build/capi -j

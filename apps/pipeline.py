@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mpi4py import MPI
 
     import hpctp
-    from hpctp.log import get_logger
+    from hpctp.cli.log import get_logger
 
     from .common.config import load_config
     from .simulate.run import save_snapshots, simulate
@@ -52,6 +52,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from hpctp.runner import run_main
+    from hpctp.cli.runner import run_main
 
     run_main(main)

@@ -195,7 +195,7 @@ def start(
 ) -> None:
     """Parse the options and run the reference (``--reference``, one process) or the ranks' part;
     an error on one rank aborts the job instead of hanging the others."""
-    from hpctp.runner import run_main
+    from hpctp.cli.runner import run_main
 
     def main() -> None:
         args = p.parse_args()

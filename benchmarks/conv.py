@@ -22,7 +22,7 @@ import torch
 
 
 def reference(args: argparse.Namespace) -> None:
-    """Single-process torch (a singleton MPI, unused: the script starts through hpctp.runner); one JSON line."""
+    """Single-process torch (a singleton MPI, unused: the script starts through hpctp.cli.runner); one JSON line."""
 
     def make(c: int, seed: int, dtype: torch.dtype) -> torch.nn.Module:
         torch.manual_seed(seed)

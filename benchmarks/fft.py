@@ -83,6 +83,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from hpctp.runner import run_main
+    from hpctp.cli.runner import run_main
 
     run_main(main)  # an error on one rank aborts the job instead of hanging the others

@@ -44,7 +44,7 @@ class _FFTLayer(torch.nn.Module):
 
 
 def reference(args: argparse.Namespace) -> None:
-    """Single process (a singleton MPI, unused: the script starts through hpctp.runner); one JSON line."""
+    """Single process (a singleton MPI, unused: the script starts through hpctp.cli.runner); one JSON line."""
     import hpctp.nn.functional  # noqa: F401  (imported before the baseline RSS, as in the ranks)
 
     def make(c: int, seed: int, dtype: torch.dtype) -> torch.nn.Module:

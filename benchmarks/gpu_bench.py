@@ -144,6 +144,6 @@ def _fno(args: argparse.Namespace, grid: hpctp.ProcessGrid, x: hpctp.DistTensor,
 
 
 if __name__ == "__main__":
-    from hpctp.runner import run_main
+    from hpctp.cli.runner import run_main
 
     run_main(main)  # an error on one rank aborts the job instead of hanging the others

@@ -83,7 +83,7 @@ def main() -> int:
     import hpctp
     from hpctp import perf
     from hpctp.linalg import matmul, plan_matmul
-    from hpctp.random import block_normal
+    from hpctp.tensor.random import block_normal
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -219,6 +219,6 @@ def _report(rows: list[tuple], size: int, heat_note: str) -> None:  # type: igno
 
 
 if __name__ == "__main__":
-    from hpctp.runner import run_main
+    from hpctp.cli.runner import run_main
 
     run_main(main)  # an error on one rank aborts the job instead of hanging the others

@@ -3,7 +3,7 @@
 !>   use hpctp
 !>   ierr = hpctp_init(MPI_COMM_WORLD, ndim=2)              ! or dims=[p1, p2]
 !>   ierr = hpctp_grid(ndim, dims, coords)                   ! the grid hpctp built
-!>   ierr = hpctp_load("hpctp.capi:demo_model")              ! optional checkpoint=...
+!>   ierr = hpctp_load("hpctp.cli.cbridge:demo_model")              ! optional checkpoint=...
 !>   ierr = hpctp_infer(field, local_shape, global_offsets, global_shape)   ! in place
 !>   if (ierr /= 0) print *, hpctp_last_error()
 !>   ierr = hpctp_finalize()

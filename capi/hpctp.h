@@ -4,7 +4,7 @@
  *
  *   MPI_Init(...);                                  // the simulation owns MPI
  *   hpctp_init(MPI_COMM_WORLD, dims, 2);            // embeds Python, builds the process grid
- *   hpctp_load("hpctp.capi:demo_model", NULL);      // "package.module:factory", checkpoint path
+ *   hpctp_load("hpctp.cli.cbridge:demo_model", NULL);      // "package.module:factory", checkpoint path
  *   hpctp_infer(field, 2, local_shape, offsets, global_shape, NULL);   // collective, in place
  *   hpctp_finalize();
  *   MPI_Finalize();
@@ -67,7 +67,7 @@ int hpctp_grid(int maxdim, int* ndim, int* dims, int* coords);
 
 /* Collective. Load the model used by hpctp_infer.
  *   model: "package.module:factory"; factory(grid, checkpoint) returns a callable mapping a
- *          hpctp.DistTensor to one of the same layout. "hpctp.capi:demo_model" is a built-in
+ *          hpctp.DistTensor to one of the same layout. "hpctp.cli.cbridge:demo_model" is a built-in
  *          test model: y = 2 x + mean(x) over the global field.
  *   checkpoint: a path handed to the factory, or NULL / "" for none.
  * A failing load leaves no model loaded. */

@@ -1,6 +1,6 @@
 /*
  * libhpctp_c: the C API of hpctp (see hpctp.h). It embeds Python and forwards every call to
- * hpctp.capi; this file only starts/stops the interpreter, converts arguments, wraps the
+ * hpctp.cli.cbridge; this file only starts/stops the interpreter, converts arguments, wraps the
  * caller's memory without copying, and turns Python exceptions into return codes.
  */
 #define PY_SSIZE_T_CLEAN
@@ -21,7 +21,7 @@ static char g_error[4096];
 static int g_state = STATE_NONE;
 static int g_started_python = 0;       /* hpctp_init started the interpreter */
 static PyThreadState* g_saved = NULL;  /* the main thread state, released after start-up */
-static PyObject* g_capi = NULL;        /* the module hpctp.capi */
+static PyObject* g_capi = NULL;        /* the module hpctp.cli.cbridge */
 static int g_ndim = 0;
 static int g_dims[HPCTP_MAX_NDIM];
 static int g_coords[HPCTP_MAX_NDIM];
@@ -148,7 +148,7 @@ static int import_error(const char* what)
     return HPCTP_ERR_PYTHON;
 }
 
-/* With the GIL held: keep mpi4py off MPI_Init/MPI_Finalize (the caller owns MPI), import hpctp.capi. */
+/* With the GIL held: keep mpi4py off MPI_Init/MPI_Finalize (the caller owns MPI), import hpctp.cli.cbridge. */
 static int import_capi(void)
 {
     if (g_capi != NULL) return 0;
@@ -161,12 +161,12 @@ static int import_capi(void)
         Py_XDECREF(mpi4py);
         if (bad) return import_error("hpctp_init: importing mpi4py");
     }
-    g_capi = PyImport_ImportModule("hpctp.capi");
-    if (g_capi == NULL) return import_error("hpctp_init: importing hpctp.capi");
+    g_capi = PyImport_ImportModule("hpctp.cli.cbridge");
+    if (g_capi == NULL) return import_error("hpctp_init: importing hpctp.cli.cbridge");
     return 0;
 }
 
-/* With the GIL held: hpctp.capi.init(fortran_handle, dims), then cache dims and coords. */
+/* With the GIL held: hpctp.cli.cbridge.init(fortran_handle, dims), then cache dims and coords. */
 static int call_init(MPI_Fint fcomm, const int* dims, int ndim)
 {
     int rc = 0;
@@ -197,7 +197,7 @@ static int call_init(MPI_Fint fcomm, const int* dims, int ndim)
         if (PyErr_Occurred()) {
             rc = python_error("hpctp_init");
         } else {
-            rc = fail(HPCTP_ERR_PYTHON, "hpctp_init: hpctp.capi.init returned an unexpected grid");
+            rc = fail(HPCTP_ERR_PYTHON, "hpctp_init: hpctp.cli.cbridge.init returned an unexpected grid");
         }
         goto done;
     }
@@ -425,7 +425,7 @@ int hpctp_finalize(void)
         g_ndim = 0;
     }
     if (g_started_python) {
-        if (g_capi != NULL) { /* hpctp_init failed after importing hpctp.capi */
+        if (g_capi != NULL) { /* hpctp_init failed after importing hpctp.cli.cbridge */
             PyGILState_STATE gs = PyGILState_Ensure();
             Py_CLEAR(g_capi);
             PyGILState_Release(gs);

@@ -4,20 +4,22 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
-from . import comm, fft, halo, io, layout, linalg, perf, random
-from .broadcast import broadcast_to
+from . import comm, fft, halo, io, layout, linalg
 from .comm import CommCounter, ProcessGrid
-from .differences import diff, gradient, trapezoid
-from .factories import distribute, empty, from_local, fromfunction, full, ones, zeros
 from .halo import HaloExchange
-from .histogram import histogram
-from .join import concatenate, stack
 from .layout import Layout, block_range
+from .linalg import cost as perf
 from .linalg import matmul
-from .pad import pad
-from .quantiles import median, percentile, quantile
-from .scan import cumprod, cumsum
-from .tensor import DistTensor
+from .tensor import random
+from .tensor.core import DistTensor
+from .tensor.creation import distribute, empty, from_local, fromfunction, full, ones, zeros
+from .tensor.functions.broadcast import broadcast_to
+from .tensor.functions.calculus import diff, gradient, trapezoid
+from .tensor.functions.histogram import histogram
+from .tensor.functions.join import concatenate, stack
+from .tensor.functions.pad import pad
+from .tensor.functions.quantiles import median, percentile, quantile
+from .tensor.functions.scan import cumprod, cumsum
 
 __version__ = "0.1.0"
 

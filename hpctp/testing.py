@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import backend_name, to_numpy
+from ._util.backend import backend_name, to_numpy
 from .comm import raise_if_any
 
 __all__ = ["CollectiveAssertionError", "assert_all", "assert_allclose", "assert_equal", "grid_shapes", "as_numpy"]

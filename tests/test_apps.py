@@ -19,8 +19,8 @@ from apps.surrogate.fronts import gradient_error
 from apps.surrogate.models import build_model
 from apps.surrogate.spectrum import band_errors, high_band_loss, high_band_mask
 from apps.surrogate.train import fit_delta_scale, make_optimizer, train_step
+from hpctp.cli.log import get_logger
 from hpctp.io import FieldLoader
-from hpctp.log import get_logger
 from hpctp.nn import check_replicas
 from hpctp.testing import assert_all, assert_allclose
 

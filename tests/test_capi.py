@@ -3,7 +3,7 @@
 * Build tests (1-rank pass): configure + build with CMake (-Wall -Wextra -Werror), run the C
   example, the C error-path check and (when gfortran exists) the Fortran check under
   ``mpiexec``, and compare their numbers with numpy on the whole field.
-* ``hpctp.capi`` tests (every pass, ``-m mpi``): the Python side on 1..4 ranks, including
+* ``hpctp.cli.cbridge`` tests (every pass, ``-m mpi``): the Python side on 1..4 ranks, including
   errors seen by one rank only, which must come back on every rank.
 """
 
@@ -26,7 +26,7 @@ import pytest
 from mpi4py import MPI
 
 import hpctp
-from hpctp import capi
+from hpctp.cli import cbridge as capi
 from hpctp.testing import assert_all, assert_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_c_example_matches_numpy(build: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     exe = build / "apps" / "c_example" / "c_example"
-    proc = _mpirun(4, str(exe), str(out), "hpctp.capi:demo_model", str(ckpt), cwd=tmp_path)
+    proc = _mpirun(4, str(exe), str(out), "hpctp.cli.cbridge:demo_model", str(ckpt), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     f = _field()
     want = 3.0 * f - 0.5 * f.mean()
@@ -202,7 +202,7 @@ _EXPECTED = {
     "grid": (0, ""),
     "infer_no_model": (1, "no model loaded"),
     "load_no_module": (1, "No module named 'hpctp_no_such_module'"),
-    "load_bad_spec": (1, "model='hpctp.capi' must be 'package.module:factory'"),
+    "load_bad_spec": (1, "model='hpctp.cli.cbridge' must be 'package.module:factory'"),
     "load_no_attr": (1, "has no attribute 'no_such_factory'"),
     "load_missing_checkpoint": (1, "No such file or directory: '/nonexistent/ckpt.npy'"),
     "load": (0, ""),
@@ -279,9 +279,9 @@ def test_c_api_inside_a_running_python(build: Path) -> None:
     lib.hpctp_infer.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int, i64p, i64p, i64p, ctypes.c_void_p]
     assert lib.hpctp_init_f(MPI.COMM_WORLD.py2f(), None, 2) == 0, lib.hpctp_last_error()
     try:
-        assert lib.hpctp_load(b"hpctp.capi:no_such_factory", None) == 1
+        assert lib.hpctp_load(b"hpctp.cli.cbridge:no_such_factory", None) == 1
         assert b"no attribute 'no_such_factory'" in lib.hpctp_last_error()
-        assert lib.hpctp_load(b"hpctp.capi:demo_model", None) == 0, lib.hpctp_last_error()
+        assert lib.hpctp_load(b"hpctp.cli.cbridge:demo_model", None) == 0, lib.hpctp_last_error()
         x = np.arange(12.0).reshape(3, 4)
         shape = (ctypes.c_int64 * 2)(3, 4)
         zero = (ctypes.c_int64 * 2)(0, 0)
@@ -296,10 +296,10 @@ def test_c_api_inside_a_running_python(build: Path) -> None:
     assert capi._state is None  # the Python side was released; this interpreter keeps running
 
 
-# ---------------------------------------------------------------------------------- hpctp.capi
+# ---------------------------------------------------------------------------------- hpctp.cli.cbridge
 @pytest.fixture
 def session(grid2d: hpctp.ProcessGrid, world: MPI.Intracomm):  # type: ignore[no-untyped-def]
-    """hpctp.capi initialised on the world with the dims of ``grid2d``; finalised afterwards."""
+    """hpctp.cli.cbridge initialised on the world with the dims of ``grid2d``; finalised afterwards."""
     grid = capi.init(world.py2f(), grid2d.dims)  # the Fortran handle, as the C layer passes it
     yield grid
     capi.finalize()
@@ -334,7 +334,7 @@ def _global(shape: tuple[int, ...]) -> np.ndarray:
 )
 def test_infer_in_place_matches_numpy(session, shape, split, dtype) -> None:  # type: ignore[no-untyped-def]
     grid = session
-    capi.load("hpctp.capi:demo_model")
+    capi.load("hpctp.cli.cbridge:demo_model")
     full = _global(shape)
     offs, sls = _my_block(grid, shape, split)
     block = np.array(full[sls], dtype=dtype)  # a copy: full stays the input
@@ -352,7 +352,7 @@ def test_default_split_and_checkpoint(session) -> None:  # type: ignore[no-untyp
     with tempfile.TemporaryDirectory() as d:  # not tmp_path: ranks would race on pytest's cleanup
         ckpt = Path(d) / "ckpt.npy"  # each rank writes its own; rank 0 reads its own
         np.save(ckpt, np.array([-1.5, 4.0]), allow_pickle=False)
-        capi.load("hpctp.capi:demo_model", str(ckpt))
+        capi.load("hpctp.cli.cbridge:demo_model", str(ckpt))
     shape = (9, 5, 3)  # split=None: dims 0, 1 over grid axes 0, 1; dim 2 whole
     full = _global(shape)
     offs, sls = _my_block(grid, shape, (0, 1, None))
@@ -375,8 +375,8 @@ def test_errors_seen_by_one_rank_raise_everywhere(session, world: MPI.Intracomm)
     with pytest.raises(RuntimeError, match="No module named 'hpctp_nope'"):
         capi.load("hpctp_nope:factory")
     with pytest.raises(FileNotFoundError, match="No such file"):  # only rank 0 reads it
-        capi.load("hpctp.capi:demo_model", "/nonexistent/ckpt.npy")
-    capi.load("hpctp.capi:demo_model")
+        capi.load("hpctp.cli.cbridge:demo_model", "/nonexistent/ckpt.npy")
+    capi.load("hpctp.cli.cbridge:demo_model")
     wrong = (offs[0] + (1 if world.Get_rank() == last else 0), offs[1])
     with pytest.raises(ValueError, match=rf"rank {last} .*global_offsets="):
         capi.infer(block, wrong, shape, (0, 1))

@@ -33,7 +33,7 @@ def test_demo_under_mpiexec() -> None:
 
 
 def test_run_main_exits_with_the_status_and_reports_the_rank(capsys: pytest.CaptureFixture[str]) -> None:
-    from hpctp.runner import run_main
+    from hpctp.cli.runner import run_main
 
     with pytest.raises(SystemExit) as ok:
         run_main(lambda: 3)

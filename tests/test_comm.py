@@ -145,8 +145,8 @@ def test_bad_setting_on_one_rank_raises_on_every_rank(
     world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, var: str, value: str
 ) -> None:
     """Set on the last rank only: building a grid and ``hpctp info`` raise everywhere, none hangs."""
+    from hpctp.cli.info import runtime_info
     from hpctp.comm import ProcessGrid
-    from hpctp.info import runtime_info
 
     if world.Get_rank() == world.Get_size() - 1:
         monkeypatch.setenv(var, value)

@@ -31,7 +31,7 @@ from test_linear import param_block, reference_linear
 
 import hpctp
 import hpctp.comm.buffers as B
-from hpctp.backend import from_numpy, is_cupy, is_torch
+from hpctp._util.backend import from_numpy, is_cupy, is_torch
 from hpctp.comm.io_calls import bcast_bytes
 from hpctp.nn.conv import Conv2d
 from hpctp.nn.functional import spectral_conv_fft

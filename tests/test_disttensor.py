@@ -12,7 +12,7 @@ import torch
 import hpctp
 from hpctp.comm import CommCounter
 from hpctp.layout import Layout
-from hpctp.random import block_normal, block_uniform
+from hpctp.tensor.random import block_normal, block_uniform
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 

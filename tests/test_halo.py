@@ -13,9 +13,9 @@ from test_conv_common import global_field, make_layout, skewed_cuts
 import hpctp
 from hpctp.comm import CommCounter
 from hpctp.halo import HaloExchange, dim_segments, fetch_plan, halo_wants, source_index
-from hpctp.halo.infer import infer_layout
 from hpctp.layout import Layout, grid_coords
 from hpctp.nn.functional import halo_pad
+from hpctp.tensor.infer import infer_layout
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 NP_MODE = {"zero": "constant", "periodic": "wrap", "reflect": "reflect", "replicate": "edge"}

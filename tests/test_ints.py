@@ -1,7 +1,7 @@
 """One rule for integer arguments: Python and numpy integers are ints, bools and floats are not.
 
 Every public entry point that takes a size, axis, rank, seed or width goes through
-``hpctp.ints``; numpy integers (e.g. from ``array.shape`` arithmetic) give the same result
+``hpctp._util.ints``; numpy integers (e.g. from ``array.shape`` arithmetic) give the same result
 as Python ints, and nothing is truncated.
 """
 
@@ -13,11 +13,11 @@ import torch
 from mpi4py import MPI
 
 import hpctp
+from hpctp._util.ints import as_int, is_int
 from hpctp.comm import ProcessGrid
-from hpctp.ints import as_int, is_int
 from hpctp.layout import Layout, normalize_split
 from hpctp.nn import Linear2D, MaxPool2d
-from hpctp.nn.autograd_comm import normalize_axes
+from hpctp.ops.autograd import normalize_axes
 from hpctp.testing import assert_all, assert_allclose
 
 

@@ -8,7 +8,7 @@ import torch
 
 import hpctp
 from hpctp.nn.linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
-from hpctp.random import block_normal, block_uniform
+from hpctp.tensor.random import block_normal, block_uniform
 from hpctp.testing import assert_all, assert_allclose
 
 F64 = torch.float64

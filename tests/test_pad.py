@@ -9,7 +9,7 @@ import torch
 from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
 
 import hpctp
-from hpctp.pad import pad_runs
+from hpctp.tensor.functions.pad import pad_runs
 from hpctp.testing import assert_all, assert_equal
 
 COPYING = ["edge", "wrap", "reflect", "symmetric"]

@@ -7,10 +7,10 @@ import torch
 
 import hpctp
 from hpctp.layout import Layout
-from hpctp.nn.autograd_comm import allreduce_sum, redistribute, sum_gradients
 from hpctp.nn.loss import global_mse_loss
 from hpctp.nn.norm import BatchNorm2d
 from hpctp.nn.parallel import broadcast_parameters, check_replicas, gradient_buckets, sync_gradients
+from hpctp.ops.autograd import allreduce_sum, redistribute, sum_gradients
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 F64 = torch.float64

@@ -10,7 +10,7 @@ import pytest
 from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, with_values
 
 import hpctp
-from hpctp.quantiles import from_keys, sortable_keys
+from hpctp.tensor.functions.quantiles import from_keys, sortable_keys
 from hpctp.testing import assert_all, assert_equal
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpctp.random import block_normal, block_uniform
+from hpctp.tensor.random import block_normal, block_uniform
 
 
 @settings(max_examples=50, deadline=None)

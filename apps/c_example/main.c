@@ -10,7 +10,7 @@
  *   OUT_DIR     every rank writes OUT_DIR/rank<r>.bin: int64 header {offset0, offset1,
  *               n0, n1, NX, NY}, then n0*n1 float64 results (hpctp_infer), then n0*n1
  *               float32 results (hpctp_infer_f), all row-major, native byte order.
- *   MODEL       "package.module:factory" (default hpctp.capi:demo_model: y = 2x + mean(x)).
+ *   MODEL       "package.module:factory" (default hpctp.cli.cbridge:demo_model: y = 2x + mean(x)).
  *   CHECKPOINT  path for the factory (default: none).
  * Rank 0 also prints the global sum of the float64 result ("checksum ...").
  *
@@ -68,7 +68,7 @@ int main(int argc, char** argv)
         return 2;
     }
     const char* outdir = argv[1];
-    const char* model = argc > 2 ? argv[2] : "hpctp.capi:demo_model";
+    const char* model = argc > 2 ? argv[2] : "hpctp.cli.cbridge:demo_model";
     const char* checkpoint = argc > 3 ? argv[3] : NULL;
     int nc = 0; /* channels; 0: the plain 2-D field */
     const char* env = getenv("C_EXAMPLE_CHANNELS");

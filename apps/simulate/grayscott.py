@@ -15,7 +15,7 @@ import numpy as np
 
 import hpctp
 from hpctp.halo import HaloExchange
-from hpctp.random import block_uniform
+from hpctp.tensor.random import block_uniform
 
 __all__ = ["GrayScott", "initial_state"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import hpctp
-from hpctp.backend import astype, convert
+from hpctp._util.backend import astype, convert
 
 from .evaluate import load_model
 

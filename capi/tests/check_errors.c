@@ -54,10 +54,10 @@ int main(int argc, char** argv)
 
     step("infer_no_model", hpctp_infer(x, 1, lshape, offs, gshape, NULL));
     step("load_no_module", hpctp_load("hpctp_no_such_module:factory", NULL));
-    step("load_bad_spec", hpctp_load(g_rank == 0 ? "hpctp.capi" : "hpctp.capi:demo_model", NULL)); /* rank 0 only */
-    step("load_no_attr", hpctp_load("hpctp.capi:no_such_factory", NULL));
-    step("load_missing_checkpoint", hpctp_load("hpctp.capi:demo_model", "/nonexistent/ckpt.npy"));
-    if (step("load", hpctp_load("hpctp.capi:demo_model", NULL))) goto finalize;
+    step("load_bad_spec", hpctp_load(g_rank == 0 ? "hpctp.cli.cbridge" : "hpctp.cli.cbridge:demo_model", NULL)); /* rank 0 only */
+    step("load_no_attr", hpctp_load("hpctp.cli.cbridge:no_such_factory", NULL));
+    step("load_missing_checkpoint", hpctp_load("hpctp.cli.cbridge:demo_model", "/nonexistent/ckpt.npy"));
+    if (step("load", hpctp_load("hpctp.cli.cbridge:demo_model", NULL))) goto finalize;
 
     /* wrong offsets on the last rank only: every rank must get the error */
     int64_t wrong[1] = {offs[0] + (g_rank == size - 1 ? 1 : 0)};
@@ -90,7 +90,7 @@ finalize:
     step("finalize", hpctp_finalize());
     step("finalize_again", hpctp_finalize());
     step("init_after_finalize", hpctp_init(MPI_COMM_WORLD, NULL, 1));
-    step("load_after_finalize", hpctp_load("hpctp.capi:demo_model", NULL));
+    step("load_after_finalize", hpctp_load("hpctp.cli.cbridge:demo_model", NULL));
 out:
     free(x);
     MPI_Finalize();

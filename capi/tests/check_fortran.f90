@@ -55,7 +55,7 @@ program check_fortran
   end do
   mean = mean / (gshape(1) * gshape(2))
 
-  ierr = hpctp_load("hpctp.capi:demo_model")
+  ierr = hpctp_load("hpctp.cli.cbridge:demo_model")
   if (ierr == 0) ierr = hpctp_infer(x, n, lo, gshape)
   if (ierr == 0) ierr = hpctp_infer_f(xf, n, lo, gshape, split=[0, 1])
   if (ierr /= 0) print '(2a)', 'fortran error: ', hpctp_last_error()

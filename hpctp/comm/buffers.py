@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, backend_name, byte_view, is_device, is_torch, numpy_dtype
+from .._util.backend import Array, backend_name, byte_view, is_device, is_torch, numpy_dtype
 from .cuda import cuda_aware
 
 __all__ = ["mpi_buffer", "nbytes", "reduction_buffer", "staging_pool", "synchronize"]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..backend import Array
+from .._util.backend import Array
 from .buffers import mpi_buffer, nbytes, reduction_buffer
 from .counter import record
 

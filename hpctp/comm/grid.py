@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..ints import is_int
+from .._util.ints import is_int
 from ..layout import grid_coords
 from .agree import agree_arguments
 from .env import environment_error

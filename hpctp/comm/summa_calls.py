@@ -11,7 +11,7 @@ import contextlib
 
 from mpi4py import MPI
 
-from ..backend import Array
+from .._util.backend import Array
 from .buffers import nbytes, reduction_buffer
 from .collectives import Pending, _op
 from .counter import record

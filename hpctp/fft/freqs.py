@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import from_numpy
-from ..ints import is_int
-from ..tensor import DistTensor
+from .._util.backend import from_numpy
+from .._util.ints import is_int
+from ..tensor.core import DistTensor
 from .plan import normalize_fft_axes
 
 __all__ = ["frequencies", "hermitian_weights", "wavenumbers"]

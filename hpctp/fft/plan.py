@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..ints import is_int
+from .._util.ints import is_int
 from ..layout import Layout, block_cuts
 from ..ops.reduce import ordered_axes
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from .. import comm as C
-from ..backend import array_module, backend_name, dtype_kind, from_numpy, to_numpy
-from ..dtypes import dtype_name
-from ..tensor import DistTensor
+from .._util.backend import array_module, backend_name, dtype_kind, from_numpy, to_numpy
+from .._util.dtypes import dtype_name
+from ..tensor.core import DistTensor
 from .freqs import hermitian_weights, wavenumbers
 from .plan import normalize_fft_axes
 from .transform import fftn, rfftn

@@ -1,7 +1,7 @@
 """Distributed n-D FFTs of DistTensors: pencil redistributions around local 1-D transforms.
 
 Torch blocks that require grad stay in the autograd graph: each move is the differentiable
-:class:`hpctp.nn.autograd_comm.Redistribute` (backward: the move back) and each 1-D transform
+:class:`hpctp.ops.autograd.Redistribute` (backward: the move back) and each 1-D transform
 torch's own, so ``backward`` through an FFT is collective over the grid like the layers'.
 """
 
@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from .. import comm as C
-from ..backend import array_module, backend_name, dtype_kind, empty_like_backend
-from ..ints import is_int
+from .._util.backend import array_module, backend_name, dtype_kind, empty_like_backend
+from .._util.ints import is_int
 from ..layout import Layout, normalize_split
-from ..ops.transfer import move_block, needs_grad
-from ..tensor import DistTensor
+from ..ops.move import move_block
+from ..ops.transfer import needs_grad
+from ..tensor.core import DistTensor
 from .plan import fft_plan, normalize_fft_axes, step_layout
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn"]

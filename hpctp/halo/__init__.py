@@ -4,8 +4,8 @@
 messages through :mod:`hpctp.comm`; :class:`HaloExchange` is the user-facing object.
 """
 
+from ..tensor.infer import infer_layout
 from .exchange import HaloExchange
-from .infer import infer_layout
 from .plan import (
     BOUNDARIES,
     FetchPlan,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import comm as C
-from ..backend import Array, backend_name, is_device
+from .._util.backend import Array, backend_name, is_device
 from ..comm import ProcessGrid
 from ..layout import Layout
-from ..tensor import DistTensor
+from ..tensor.core import DistTensor
 from .plan import FetchPlan, fetch_plan, halo_wants, normalize_boundary, normalize_widths
 from .run import FetchHandle, adjoint_fetch, begin_fetch
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ints import is_int
+from .._util.ints import is_int
 from ..layout import Layout, grid_coords, grid_rank
 
 __all__ = [

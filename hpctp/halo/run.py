@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import comm as C
-from ..backend import Array, copy_into, empty_like_backend, is_torch
+from .._util.backend import Array, copy_into, empty_like_backend, is_torch
 from ..layout import grid_coords
 from .plan import FetchPlan, Piece
 

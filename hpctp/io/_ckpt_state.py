@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._util.dtypes import dtype_name
 from ..comm import ProcessGrid
-from ..dtypes import dtype_name
 from ..layout import Layout
 
 if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io

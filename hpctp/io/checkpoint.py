@@ -24,8 +24,8 @@ import h5py
 import numpy as np
 
 from .. import comm as C
+from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..ints import is_int
 from ._ckpt_state import (
     Entry,
     file_dtype,

@@ -22,11 +22,11 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from ..backend import BACKENDS, from_numpy
+from .._util.backend import BACKENDS, from_numpy
+from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..ints import is_int
 from ..layout import Layout
-from ..tensor import DistTensor
+from ..tensor.core import DistTensor
 from ._files import check_dataset_name, check_path, get_dataset, native_dtype, open_local
 from .hdf5 import check_stored_dtype, layout_for, read_block
 

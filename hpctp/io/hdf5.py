@@ -24,12 +24,12 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from ..backend import BACKENDS, from_numpy, numpy_dtype, to_numpy
+from .._util.backend import BACKENDS, from_numpy, numpy_dtype, to_numpy
+from .._util.dtypes import dtype_name
+from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..dtypes import dtype_name
-from ..ints import is_int
 from ..layout import Layout
-from ..tensor import DistTensor
+from ..tensor.core import DistTensor
 from ._files import (
     check_dataset_name,
     check_path,

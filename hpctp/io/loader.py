@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from .. import comm as C
-from ..ints import is_int
-from ..tensor import DistTensor
+from .._util.ints import is_int
+from ..tensor.core import DistTensor
 from .dataset import FieldDataset
 
 __all__ = ["FieldLoader"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..ints import as_int
+from .._util.ints import as_int
 
 __all__ = ["block_range", "block_cuts", "block_sizes", "owner_of", "check_cuts"]
 

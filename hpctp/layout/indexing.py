@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ints import is_int
+from .._util.ints import is_int
 from .layout import Layout
 from .plan import Remap, flip_remap, moves_data
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, cast
 
-from ..ints import is_int
+from .._util.ints import is_int
 from .blocks import block_cuts, block_sizes, check_cuts
 
 __all__ = ["Layout", "normalize_split", "grid_coords", "grid_rank"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..ints import is_int
+from .._util.ints import is_int
 from .layout import Layout, grid_coords, grid_rank
 
 __all__ = [

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, array_module, copy_into, dtype_kind, empty_like_backend, is_device, is_torch
+from .._util.backend import Array, array_module, copy_into, dtype_kind, empty_like_backend, is_device, is_torch
 
 __all__ = ["gemm", "gemm_dtype_error", "is_contiguous", "Workspace", "zeros_like_backend"]
 

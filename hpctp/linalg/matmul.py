@@ -6,9 +6,10 @@ from typing import cast
 
 import numpy as np
 
-from ..backend import backend_name, is_device, native_order
+from .._util.backend import backend_name, is_device, native_order
 from ..comm import ProcessGrid
-from ..tensor import DistTensor
+from ..tensor.core import DistTensor
+from ..tensor.registry import register
 from .local import gemm_dtype_error
 from .plan import check_panel, plan_matmul, required_layouts
 from .summa import run_plan
@@ -64,6 +65,7 @@ def native(x: DistTensor) -> DistTensor:
     return x if local is x.local else DistTensor(local, x.grid, x.layout)
 
 
+@register("matmul")
 def matmul(
     a: DistTensor,
     b: DistTensor,

@@ -34,7 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ints import is_int
+from .._util.ints import is_int
 from ..layout import Layout, block_cuts
 
 __all__ = [

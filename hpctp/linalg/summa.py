@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import comm as C
-from ..backend import Array, backend_name, copy_into, is_torch, native_order
+from .._util.backend import Array, backend_name, copy_into, is_torch, native_order
 from ..comm import Pending, ProcessGrid
 from ..comm.summa_calls import ireduce
 from ..layout import Layout

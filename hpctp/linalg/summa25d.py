@@ -14,7 +14,7 @@ import math
 
 from .. import comm as C
 from ..layout import Layout
-from ..tensor import DistTensor
+from ..tensor.core import DistTensor
 from .local import zeros_like_backend
 from .matmul import _check, native
 from .plan import MatmulPlan, default_panel, merge_pieces, plan_matmul

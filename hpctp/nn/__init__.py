@@ -5,8 +5,8 @@ and compute what the torch layer computes on the gathered tensor. Replicated par
 get partial gradients on each rank: call :func:`sync_gradients` before the optimizer step.
 """
 
+from ..ops.autograd import AllReduceSum, allreduce_sum
 from . import functional
-from .autograd_comm import AllReduceSum, allreduce_sum
 from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error

@@ -8,9 +8,9 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
-from ..halo.infer import infer_layout
 from ..layout import Layout
-from ..tensor import DistTensor
+from ..tensor.core import DistTensor
+from ..tensor.infer import infer_layout
 from . import _window as W
 
 __all__ = ["finish", "prepare", "resolve_layout"]

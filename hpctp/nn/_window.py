@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._util.ints import is_int
 from ..comm import ProcessGrid
 from ..halo.plan import fetch_plan
 from ..halo.run import FetchHandle, begin_fetch
-from ..ints import is_int
 from ..layout import Layout, normalize_split
 from ._fetch import Fetch, FetchStrips, GradSink, Slot
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from .. import comm as C
+from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..ints import is_int
 from . import functional as HF
 from ._window import full_split
 

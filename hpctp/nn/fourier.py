@@ -27,10 +27,10 @@ import torch
 
 from ..comm import ProcessGrid, check_grid
 from ..layout import Layout
+from ..ops.autograd import allreduce_sum, sum_gradients
 from ._dft import check_modes, forward_matrix, inverse_matrix, kept_modes
 from ._inputs import finish as _finish
 from ._inputs import prepare as _prepare
-from .autograd_comm import allreduce_sum, sum_gradients
 
 __all__ = ["spectral_conv", "spectral_conv_fft"]
 

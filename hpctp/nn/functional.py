@@ -23,9 +23,9 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
-from ..halo.infer import infer_layout
 from ..halo.plan import fetch_plan, halo_wants, normalize_boundary, normalize_widths
 from ..layout import Layout, normalize_split
+from ..tensor.infer import infer_layout
 from . import _window as W
 from ._fetch import Fetch
 from ._inputs import finish as _finish

@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from .. import comm as C
+from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..ints import is_int
 from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
 from ..linalg.summa import summa_block
-from ..random import block_uniform
+from ..tensor.random import block_uniform
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "Linear2D", "Linear", "init_block"]
 

@@ -2,7 +2,7 @@
 
 Each function sums local contributions, packs them (with element counts and an error
 flag) into one small float64 buffer and all-reduces it once with
-:class:`~hpctp.nn.autograd_comm.AllReduceSum` (identity backward). Every rank gets the
+:class:`~hpctp.ops.autograd.AllReduceSum` (identity backward). Every rank gets the
 same value and, after ``backward()``, the exact gradient of its own block. Bad input on
 any rank (e.g. mismatched shapes) raises ``ValueError`` on every rank after that single
 all-reduce, so no rank is left waiting.
@@ -16,7 +16,7 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
-from .autograd_comm import AllReduceSum, check_grid, comms_for_axes
+from ..ops.autograd import AllReduceSum, check_grid, comms_for_axes
 
 __all__ = ["global_sum", "global_mean", "global_mse_loss", "global_l1_loss", "relative_l2_error"]
 

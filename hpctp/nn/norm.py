@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from .. import comm as C
+from .._util.ints import is_int
 from ..comm import ProcessGrid
-from ..halo.infer import infer_layout
-from ..ints import is_int
-from ..tensor import DistTensor
+from ..ops.autograd import Comms, check_grid, comms_for_axes, reduce_sum_
+from ..tensor.core import DistTensor
+from ..tensor.infer import infer_layout
 from ._window import full_split
-from .autograd_comm import Comms, check_grid, comms_for_axes, reduce_sum_
 
 __all__ = [
     "BatchNorm1d",
@@ -156,7 +156,7 @@ def global_moments(x: torch.Tensor, dims: tuple[int, ...], comms: Comms) -> tupl
     dims : tuple of int
         Dims to reduce (the split dims among them are reduced over the ranks of ``comms``).
     comms : tuple of communicators
-        See :func:`hpctp.nn.autograd_comm.comms_for_axes`.
+        See :func:`hpctp.ops.autograd.comms_for_axes`.
 
     Returns
     -------
@@ -224,7 +224,7 @@ def normalize(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Collective over grid. ``(x - mean) / sqrt(var + eps)`` with global statistics over ``dims``.
 
-    The reductions run over ``comms`` (see :func:`hpctp.nn.autograd_comm.comms_for_axes`).
+    The reductions run over ``comms`` (see :func:`hpctp.ops.autograd.comms_for_axes`).
 
     Returns
     -------

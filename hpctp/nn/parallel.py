@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from .. import comm as C
-from ..backend import byte_view, to_numpy
+from .._util.backend import byte_view, to_numpy
+from .._util.ints import is_int
 from ..comm import ProcessGrid
-from ..ints import is_int
 from ..layout import Layout
-from .autograd_comm import check_grid, comms_for_axes, normalize_axes
+from ..ops.autograd import check_grid, comms_for_axes, normalize_axes
 
 __all__ = ["sync_gradients", "broadcast_parameters", "gradient_buckets", "check_replicas"]
 

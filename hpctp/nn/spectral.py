@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..ints import is_int
 from . import _window as W
 from .conv import _Spatial, init_replicated
 from .fourier import spectral_conv

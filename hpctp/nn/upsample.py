@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm as C
+from .._util.ints import is_int
 from ..comm import ProcessGrid
-from ..halo.infer import infer_layout
-from ..ints import is_int
 from ..layout import Layout
-from ..tensor import DistTensor
-from .autograd_comm import Redistribute, check_grid
+from ..ops.autograd import Redistribute, check_grid
+from ..tensor.core import DistTensor
+from ..tensor.infer import infer_layout
 from .functional import halo_pad
 from .norm import field_axes, unwrap_block
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, is_torch
+from .._util.backend import Array, is_torch
 
 __all__ = ["ufunc_for", "torch_operand"]
 

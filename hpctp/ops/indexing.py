@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, backend_name, broadcasts_to, flip, from_numpy, is_device, is_torch, to_numpy
+from .._util.backend import Array, backend_name, broadcasts_to, flip, from_numpy, is_device, is_torch, to_numpy
 from ..comm import ProcessGrid
 from ..layout.indexing import IndexPlan
-from .transfer import move_block
+from .move import move_block
 
 __all__ = ["take_block", "put_block", "value_block"]
 

@@ -9,9 +9,9 @@ from typing import Any, cast
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, array_module, as_contiguous, dtype_kind, is_torch, is_torch_dtype
+from .._util.backend import Array, array_module, as_contiguous, dtype_kind, is_torch, is_torch_dtype
+from .._util.ints import is_int
 from ..comm import ProcessGrid
-from ..ints import is_int
 from ..layout import Layout
 from .transfer import needs_grad
 
@@ -198,7 +198,7 @@ def reduce_block(
     grad = needs_grad(local)  # (agreed by the caller: every rank takes the same path)
     grid_axes = [g for g in (layout.split[d] for d in axes) if g is not None]  # (ranks holding other parts)
     if grad and op == "sum":
-        from ..nn.autograd_comm import allreduce_sum  # (nn builds on this module)
+        from .autograd import allreduce_sum  # (nn builds on this module)
 
         red = as_contiguous(_local_reduce(local, op, axes))
         red = allreduce_sum(red, grid, grid_axes) if grid_axes else red  # backward: the replicated gradient
@@ -211,7 +211,7 @@ def reduce_block(
         if nan_aware:
             red = _nan_where_flagged(wire, tuple(red.shape))
         if grad:  # max/min: the gradient goes to the elements equal to the result, shared evenly (torch.amax)
-            from ..nn.autograd_reduce import extreme
+            from .autograd import extreme
 
             red = extreme(local, red, axes, lambda count: allreduce_over_axes(grid, count, "sum", grid_axes))
     shape = tuple(1 if d in axes else n for d, n in enumerate(layout.global_shape))

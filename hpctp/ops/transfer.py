@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import comm as C
-from ..backend import Array, copy_into, empty_bytes, empty_like_backend, flip, from_bytes, is_torch, pack
+from .._util.backend import Array, copy_into, empty_bytes, empty_like_backend, flip, from_bytes, is_torch, pack
 from ..comm import ProcessGrid
 from ..layout import Layout, Remap, grid_coords, moves_data, redistribution_plan
 
-__all__ = ["redistribute_block", "move_block", "needs_grad", "gather_block", "scatter_block", "itemsize"]
+__all__ = ["redistribute_block", "needs_grad", "gather_block", "scatter_block", "itemsize"]
 
 
 def itemsize(x: Array) -> int:
@@ -64,21 +64,6 @@ def needs_grad(block: Array) -> bool:
     import torch  # (loaded: the block is a torch tensor)
 
     return bool(block.requires_grad and torch.is_grad_enabled())
-
-
-def move_block(block: Array, grid: ProcessGrid, src: Layout, dst: Layout, grad: bool, remap: Remap = ()) -> Array:
-    """Collective over grid when data moves between ranks, else Local. :func:`redistribute_block`,
-    differentiable when ``grad``.
-
-    With ``grad`` (see :func:`needs_grad`; every rank must pass the same) the move is the
-    autograd node :class:`hpctp.nn.autograd_comm.Redistribute`, whose backward moves the
-    gradient back from ``dst`` to ``src`` (undoing ``remap``).
-    """
-    if not grad:
-        return redistribute_block(block, grid, src, dst, remap)
-    from ..nn.autograd_comm import Redistribute  # (nn builds on this module: imported when needed)
-
-    return Redistribute.apply(block.contiguous(), grid, src, dst, remap)  # type: ignore[union-attr]
 
 
 def gather_block(local: Array, grid: ProcessGrid, layout: Layout, root: int | None = 0) -> Array | None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from . import comm as C
-from .backend import to_numpy
-from .ints import is_int
-from .ops.reduce import allreduce_over_axes
-from .tensor import DistTensor
+from ... import comm as C
+from ..._util.backend import to_numpy
+from ..._util.ints import is_int
+from ...ops.reduce import allreduce_over_axes
+from ..core import DistTensor
 
 __all__ = ["histogram"]
 

@@ -34,10 +34,10 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from .ints import is_int
-from .layout import Layout, block_cuts, grid_coords, redistribution_plan
-from .linalg.plan import MatmulPlan, default_panel, logical_axes, plan_matmul, required_layouts
-from .linalg.summa25d import plan_25d
+from .._util.ints import is_int
+from ..layout import Layout, block_cuts, grid_coords, redistribution_plan
+from .plan import MatmulPlan, default_panel, logical_axes, plan_matmul, required_layouts
+from .summa25d import plan_25d
 
 __all__ = [
     "Machine",

@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from . import comm as C
-from .backend import dtype_kind, from_numpy, to_numpy
-from .layout import Layout
-from .ops.reduce import allreduce_over_axes, normalize_axes
-from .ops.transfer import needs_grad
-from .tensor import DistTensor
+from ... import comm as C
+from ..._util.backend import dtype_kind, from_numpy, to_numpy
+from ...layout import Layout
+from ...ops.reduce import allreduce_over_axes, normalize_axes
+from ...ops.transfer import needs_grad
+from ..core import DistTensor
 
 __all__ = ["quantile", "percentile", "median", "sortable_keys", "from_keys"]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import random as hrandom
-from .comm import CommCounter, ProcessGrid
+from ..comm import CommCounter, ProcessGrid
+from ..tensor import random as hrandom
+from ..testing import assert_allclose
 from .log import get_logger
-from .testing import assert_allclose
 
 __all__ = ["run_demo"]
 

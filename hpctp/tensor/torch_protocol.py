@@ -6,7 +6,7 @@ run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTen
 same shape and split as the other operands (cut differently, they are aligned first, as in
 numpy's protocol). Collective ones map onto hpctp's: ``torch.flip``/``torch.roll`` are
 :meth:`~hpctp.DistTensor.flip`/:meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`,
-``torch.cumsum``/``torch.cumprod`` are :func:`hpctp.scan.cumsum`/``cumprod``,
+``torch.cumsum``/``torch.cumprod`` are :func:`hpctp.tensor.functions.scan.cumsum`/``cumprod``,
 ``torch.cat``/``torch.stack`` are :func:`hpctp.concatenate`/:func:`hpctp.stack`, and
 ``torch.sum``, ``mean``, ``amax``, ``amin``, ``var``, ``std`` are the reductions (torch's
 arguments: ``dim``, ``keepdim``, ``correction``/``unbiased``, whose default is 1). Anything
@@ -24,9 +24,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from .join import concatenate, stack
-from .pad import pad as numpy_pad
-from .tensor import DistTensor
+from .core import DistTensor
+from .functions.join import concatenate, stack
+from .functions.pad import pad as numpy_pad
+from .registry import register
 
 __all__ = ["MOVES", "POINTWISE", "apply_torch_function"]
 
@@ -164,6 +165,7 @@ def _block(value: Any, ref: DistTensor, name: str) -> Any:
     return value
 
 
+@register("torch_function")
 def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
     """Local (Collective over grid for the functions in :data:`MOVES`: reductions, joins, moves).
     ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from . import comm as C
+from ... import comm as C
+from ..._util.ints import is_int
+from ...layout import Layout
+from ...ops.transfer import needs_grad
+from ..core import DistTensor
+from ..creation import empty_in
 from .broadcast import broadcast_to
-from .factories import empty_in
-from .ints import is_int
 from .join import concatenate
-from .layout import Layout
-from .ops.transfer import needs_grad
-from .tensor import DistTensor
 
 __all__ = ["pad", "pad_runs", "MODES"]
 

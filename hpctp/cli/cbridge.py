@@ -42,12 +42,12 @@ from typing import Any, Protocol
 import numpy as np
 from mpi4py import MPI
 
-from . import comm as C
-from .backend import to_numpy
-from .comm import ProcessGrid
-from .factories import from_local
-from .ints import as_int, is_int
-from .tensor import DistTensor
+from .. import comm as C
+from .._util.backend import to_numpy
+from .._util.ints import as_int, is_int
+from ..comm import ProcessGrid
+from ..tensor.core import DistTensor
+from ..tensor.creation import from_local
 
 __all__ = ["DemoModel", "Model", "demo_model", "finalize", "grid_info", "infer", "init", "load"]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .comm import allgather_ints, cuda_aware_reason, gpu_count, local_rank, raise_if_any, select_device
-from .comm.env import environment_error
+from ..comm import allgather_ints, cuda_aware_reason, gpu_count, local_rank, raise_if_any, select_device
+from ..comm.env import environment_error
 
 __all__ = ["runtime_info", "format_info"]
 

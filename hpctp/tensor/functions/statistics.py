@@ -16,13 +16,15 @@ from typing import cast
 
 import numpy as np
 
-from .backend import dtype_kind
-from .ops.reduce import normalize_axes
-from .tensor import DistTensor
+from ..._util.backend import dtype_kind
+from ...ops.reduce import normalize_axes
+from ..core import DistTensor
+from ..registry import register
 
 __all__ = ["var", "std", "any_nonzero", "all_nonzero", "resolve_ddof", "check_ddof", "squared_magnitude"]
 
 
+@register("resolve_ddof")
 def resolve_ddof(ddof: float, correction: float | None, where: object = None, mean: object = None) -> float:
     """Local. numpy's ``ddof``/``correction`` of ``var``/``std`` (one of them); ``where=``/``mean=`` refused."""
     if where is not None or mean is not None:
@@ -45,6 +47,7 @@ def squared_magnitude(d: DistTensor) -> DistTensor:
     return d.real * d.real + d.imag * d.imag if dtype_kind(d.local) == "c" else d * d
 
 
+@register("var")
 def var(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0, keepdims: bool = False) -> DistTensor:
     """Collective over grid. The variance over ``axis`` (all dims if None), as ``numpy.var``.
 
@@ -78,18 +81,21 @@ def var(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0,
     return sq.sum(axes, keepdims) / max(n - ddof, 0)
 
 
+@register("std")
 def std(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0, keepdims: bool = False) -> DistTensor:
     """Collective over grid. The standard deviation, ``sqrt(var(x, axis, ddof, keepdims))``, as
     ``numpy.std``; see :func:`var`."""
     return cast(DistTensor, np.sqrt(var(x, axis, ddof, keepdims)))  # (numpy's protocol: the blocks' sqrt)
 
 
+@register("any")
 def any_nonzero(x: DistTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
     """Collective over grid. Whether any element over ``axis`` is nonzero (NaN counts), as
     ``numpy.any``: a boolean tensor; False over an empty extent."""
     return (x != 0).sum(axis, keepdims) > 0
 
 
+@register("all")
 def all_nonzero(x: DistTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DistTensor:
     """Collective over grid. Whether every element over ``axis`` is nonzero, as ``numpy.all``:
     a boolean tensor; True over an empty extent."""

@@ -15,18 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from . import comm as C
-from .backend import array_module, is_torch
-from .broadcast import broadcast_to
-from .differences import diff, gradient, trapezoid
-from .histogram import histogram
-from .join import concatenate, numpy_style, stack
-from .nanfunctions import nanmax, nanmean, nanmin, nanstd, nansum, nanvar
-from .ops.elementwise import torch_operand, ufunc_for
-from .pad import pad
-from .quantiles import median, percentile, quantile
-from .statistics import resolve_ddof
-from .tensor import DistTensor
+from .. import comm as C
+from .._util.backend import array_module, is_torch
+from ..ops.elementwise import torch_operand, ufunc_for
+from .core import DistTensor
+from .functions.broadcast import broadcast_to
+from .functions.calculus import diff, gradient, trapezoid
+from .functions.histogram import histogram
+from .functions.join import concatenate, numpy_style, stack
+from .functions.nanfunctions import nanmax, nanmean, nanmin, nanstd, nansum, nanvar
+from .functions.pad import pad
+from .functions.quantiles import median, percentile, quantile
+from .functions.statistics import resolve_ddof
+from .registry import register
 
 __all__ = ["apply_ufunc", "apply_function", "FUNCTIONS"]
 
@@ -39,6 +40,7 @@ def _operands(inputs: tuple[Any, ...], name: str) -> tuple[DistTensor, list[Any]
     return ref, [ref.local if a is ref else ref._other(a, name) for a in inputs]
 
 
+@register("array_ufunc")
 def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Local (collective for ``np.matmul``). ``ufunc`` applied blockwise; see ``DistTensor.__array_ufunc__``."""
     name = f"numpy.{ufunc.__name__}"
@@ -120,7 +122,7 @@ def _pad(array: DistTensor, pad_width: Any, mode: Any = "constant", **kwargs: An
 
 
 def _order_statistic(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """numpy's ``quantile``/``percentile`` signature onto :mod:`hpctp.quantiles` (``out=``,
+    """numpy's ``quantile``/``percentile`` signature onto :mod:`hpctp.tensor.functions.quantiles` (``out=``,
     ``weights=`` and ``interpolation=`` refused; ``overwrite_input`` is moot: blocks are not sorted)."""
 
     def call(
@@ -141,7 +143,7 @@ def _median(a: Any, axis: Any = None, out: Any = None, overwrite_input: bool = F
 
 
 def _nan_reduction(fn: Callable[..., Any], dtype_arg: bool, moments: bool = False) -> Callable[..., Any]:
-    """numpy's signature of a NaN-skipping reduction onto :mod:`hpctp.nanfunctions`: ``axis``,
+    """numpy's signature of a NaN-skipping reduction onto :mod:`hpctp.tensor.functions.nanfunctions`: ``axis``,
     ``keepdims``, ``dtype`` (converts first), ``ddof``/``correction`` for the moments; ``out``,
     ``initial``, ``where`` and ``mean`` refused."""
 
@@ -206,6 +208,7 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
 }
 
 
+@register("array_function")
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
     ``np.var``, ``np.std``, ``np.any``, ``np.all``, the ``np.nan*`` reductions, ``np.histogram``,

@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, array_module, dtype_kind, from_numpy, is_torch
-from .ints import is_int
-from .ops.reduce import ordered_axes
-from .tensor import DistTensor
+from ..._util.backend import Array, array_module, dtype_kind, from_numpy, is_torch
+from ..._util.ints import is_int
+from ...ops.reduce import ordered_axes
+from ..core import DistTensor
+from ..registry import register
 
 __all__ = ["argmax", "argmin"]
 
@@ -65,6 +66,7 @@ def _arg(x: DistTensor, op: str, axis: Any, keepdims: bool) -> DistTensor:
     return candidates._reduce("min", d, keepdims)
 
 
+@register("argmax")
 def argmax(x: DistTensor, axis: int | None = None, keepdims: bool = False) -> DistTensor:
     """Collective over grid. Index of the largest element, as ``numpy.argmax`` (the first
     occurrence; a NaN counts as the largest).
@@ -93,6 +95,7 @@ def argmax(x: DistTensor, axis: int | None = None, keepdims: bool = False) -> Di
     return _arg(x, "max", axis, keepdims)
 
 
+@register("argmin")
 def argmin(x: DistTensor, axis: int | None = None, keepdims: bool = False) -> DistTensor:
     """Collective over grid. Index of the smallest element, as ``numpy.argmin``; see :func:`argmax`."""
     return _arg(x, "min", axis, keepdims)

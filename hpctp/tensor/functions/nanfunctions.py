@@ -15,10 +15,10 @@ from typing import cast
 
 import numpy as np
 
-from .backend import dtype_kind
-from .ops.reduce import normalize_axes
+from ..._util.backend import dtype_kind
+from ...ops.reduce import normalize_axes
+from ..core import DistTensor
 from .statistics import check_ddof, squared_magnitude
-from .tensor import DistTensor
 
 __all__ = ["nansum", "nanmean", "nanmax", "nanmin", "nanvar", "nanstd"]
 

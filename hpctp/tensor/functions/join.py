@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import comm as C
-from .backend import Array, array_module, is_torch
-from .ints import is_int
-from .layout.join import join_layouts
-from .ops.reduce import ordered_axes
-from .ops.transfer import move_block, needs_grad
-from .tensor import DistTensor
+from ... import comm as C
+from ..._util.backend import Array, array_module, is_torch
+from ..._util.ints import is_int
+from ...layout.join import join_layouts
+from ...ops.move import move_block
+from ...ops.reduce import ordered_axes
+from ...ops.transfer import needs_grad
+from ..core import DistTensor
 
 __all__ = ["concatenate", "stack", "numpy_style"]
 

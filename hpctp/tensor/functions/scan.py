@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import comm as C
-from .backend import Array, array_module, is_torch
-from .ints import is_int
-from .layout import Layout
-from .ops.reduce import ordered_axes
-from .ops.transfer import move_block, needs_grad
-from .tensor import DistTensor
+from ... import comm as C
+from ..._util.backend import Array, array_module, is_torch
+from ..._util.ints import is_int
+from ...layout import Layout
+from ...ops.move import move_block
+from ...ops.reduce import ordered_axes
+from ...ops.transfer import needs_grad
+from ..core import DistTensor
+from ..registry import register
 
 __all__ = ["cumsum", "cumprod"]
 
@@ -90,13 +92,14 @@ def _scan(x: DistTensor, op: str, axis: object, dtype: object) -> DistTensor:
     grad = needs_grad(total)
     totals: Any = move_block(total, x.grid, src, dst, grad)
     if grad:  # each rank uses some of the gathered totals: their gradients add up over the axis
-        from .nn.autograd_comm import sum_gradients  # (nn builds on this module)
+        from ...ops.autograd import sum_gradients  # (nn builds on this module)
 
         totals = sum_gradients(totals, x.grid, [g])  # type: ignore[list-item]
     offset = _before(totals, op, d, x.grid.coords[g])  # type: ignore[index]
     return x._new(out + offset if op == "cumsum" else out * offset)
 
 
+@register("cumsum")
 def cumsum(x: DistTensor, axis: int | None = None, dtype: object = None) -> DistTensor:
     """Collective over grid (on more than one rank). The cumulative sum along ``axis``, as
     ``numpy.cumsum`` (also ``np.cumsum(x, axis)``, ``x.cumsum(axis)``, ``torch.cumsum(x, dim)``).
@@ -129,6 +132,7 @@ def cumsum(x: DistTensor, axis: int | None = None, dtype: object = None) -> Dist
     return _scan(x, "cumsum", axis, dtype)
 
 
+@register("cumprod")
 def cumprod(x: DistTensor, axis: int | None = None, dtype: object = None) -> DistTensor:
     """Collective over grid (on more than one rank). The cumulative product along ``axis``, as
     ``numpy.cumprod`` (also ``np.cumprod``, ``x.cumprod``, ``torch.cumprod``); each block

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .backend import astype, from_numpy
-from .comm import ProcessGrid
-from .ints import is_int
-from .layout import Layout
-from .tensor import DistTensor
+from .._util.backend import astype, from_numpy
+from .._util.ints import is_int
+from ..comm import ProcessGrid
+from ..layout import Layout
+from .core import DistTensor
 
 __all__ = ["normal", "uniform", "block_uniform", "block_normal"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .backend import broadcasts_to
-from .factories import empty_in
-from .ints import is_int
-from .layout import Layout
-from .tensor import DistTensor
+from ..._util.backend import broadcasts_to
+from ..._util.ints import is_int
+from ...layout import Layout
+from ..core import DistTensor
+from ..creation import empty_in
 
 __all__ = ["broadcast_to", "broadcast_layout"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from . import comm as C
-from .backend import (
+from .. import comm as C
+from .._util.backend import (
     BACKENDS,
     Array,
     astype,
@@ -19,12 +19,12 @@ from .backend import (
     from_numpy,
     native_order,
 )
-from .comm import ProcessGrid, check_grid
-from .dtypes import dtype_code, dtype_from_code
-from .ints import is_int
-from .layout import Layout, normalize_split, tiled_layout
-from .ops.transfer import scatter_block
-from .tensor import DistTensor
+from .._util.dtypes import dtype_code, dtype_from_code
+from .._util.ints import is_int
+from ..comm import ProcessGrid, check_grid
+from ..layout import Layout, normalize_split, tiled_layout
+from ..ops.transfer import scatter_block
+from .core import DistTensor
 
 __all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full", "fromfunction"]
 

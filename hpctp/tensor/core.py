@@ -10,8 +10,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from . import comm as C
-from .backend import (
+from .. import comm as C
+from .._util.backend import (
     BACKENDS,
     Array,
     array_module,
@@ -25,14 +25,16 @@ from .backend import (
     is_device,
     is_torch,
 )
-from .comm import ProcessGrid, check_grid
-from .dtypes import dtype_name
-from .ints import is_int
-from .layout import Layout, Remap, check_remap, flip_remap, moves_data
-from .layout.indexing import index_plan
-from .ops.indexing import put_block, take_block
-from .ops.reduce import normalize_axes, ordered_axes, reduce_block
-from .ops.transfer import gather_block, move_block, needs_grad, redistribute_block
+from .._util.dtypes import dtype_name
+from .._util.ints import is_int
+from ..comm import ProcessGrid, check_grid
+from ..layout import Layout, Remap, check_remap, flip_remap, moves_data
+from ..layout.indexing import index_plan
+from ..ops.indexing import put_block, take_block
+from ..ops.move import move_block
+from ..ops.reduce import normalize_axes, ordered_axes, reduce_block
+from ..ops.transfer import gather_block, needs_grad, redistribute_block
+from .registry import implementation
 
 __all__ = ["DistTensor"]
 
@@ -234,12 +236,10 @@ class DistTensor:
         Raises
         ------
         TypeError
-            For functions that are not pointwise (see :mod:`hpctp.torch_api`), non-torch
+            For functions that are not pointwise (see :mod:`hpctp.tensor.torch_protocol`), non-torch
             blocks, or plain tensors broadcast against the blocks.
         """
-        from .torch_api import apply_torch_function  # (torch is loaded: it is calling)
-
-        return apply_torch_function(func, args, kwargs or {})
+        return implementation("torch_function")(func, args, kwargs or {})
 
     def __len__(self) -> int:
         """Local. The global size of dim 0, as ``len`` of a numpy array.
@@ -436,19 +436,15 @@ class DistTensor:
 
     def argmax(self, axis: int | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
         """Collective over grid. Index of the largest element (also ``np.argmax(x)``); see
-        :func:`hpctp.search.argmax`."""
-        from .search import argmax  # (it builds on this module)
-
+        :func:`hpctp.tensor.functions.search.argmax`."""
         self._numpy_style("argmax", None, out)
-        return argmax(self, axis, keepdims)
+        return implementation("argmax")(self, axis, keepdims)
 
     def argmin(self, axis: int | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
         """Collective over grid. Index of the smallest element (also ``np.argmin(x)``); see
-        :func:`hpctp.search.argmin`."""
-        from .search import argmin  # (it builds on this module)
-
+        :func:`hpctp.tensor.functions.search.argmin`."""
         self._numpy_style("argmin", None, out)
-        return argmin(self, axis, keepdims)
+        return implementation("argmin")(self, axis, keepdims)
 
     def mean(
         self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, dtype: object = None, out: None = None
@@ -478,13 +474,11 @@ class DistTensor:
         where: object = None,
         mean: object = None,
     ) -> DistTensor:
-        """Collective over grid. Variance over ``axis`` (also ``np.var(x)``); see :func:`hpctp.statistics.var`.
+        """Collective over grid. Variance over ``axis`` (also ``np.var(x)``); see :func:`hpctp.tensor.functions.statistics.var`.
 
         ``correction`` is numpy's other name for ``ddof``; ``where=`` and ``mean=`` are refused."""
-        from .statistics import resolve_ddof, var  # (it builds on this module)
-
-        ddof = resolve_ddof(ddof, correction, where, mean)
-        return var(self._numpy_style("var", dtype, out), axis, ddof, keepdims)
+        ddof = implementation("resolve_ddof")(ddof, correction, where, mean)
+        return implementation("var")(self._numpy_style("var", dtype, out), axis, ddof, keepdims)
 
     def std(
         self,
@@ -499,36 +493,26 @@ class DistTensor:
         mean: object = None,
     ) -> DistTensor:
         """Collective over grid. Standard deviation over ``axis`` (also ``np.std(x)``); as :meth:`var`."""
-        from .statistics import resolve_ddof, std
-
-        ddof = resolve_ddof(ddof, correction, where, mean)
-        return std(self._numpy_style("std", dtype, out), axis, ddof, keepdims)
+        ddof = implementation("resolve_ddof")(ddof, correction, where, mean)
+        return implementation("std")(self._numpy_style("std", dtype, out), axis, ddof, keepdims)
 
     def any(self, axis: int | Sequence[int] | None = None, out: None = None, keepdims: bool = False) -> DistTensor:
         """Collective over grid. Whether any element over ``axis`` is nonzero (also ``np.any(x)``)."""
-        from .statistics import any_nonzero
-
-        return any_nonzero(self._numpy_style("any", None, out), axis, keepdims)
+        return implementation("any")(self._numpy_style("any", None, out), axis, keepdims)
 
     def all(self, axis: int | Sequence[int] | None = None, out: None = None, keepdims: bool = False) -> DistTensor:
         """Collective over grid. Whether every element over ``axis`` is nonzero (also ``np.all(x)``)."""
-        from .statistics import all_nonzero
-
-        return all_nonzero(self._numpy_style("all", None, out), axis, keepdims)
+        return implementation("all")(self._numpy_style("all", None, out), axis, keepdims)
 
     def cumsum(self, axis: int | None = None, dtype: object = None, out: None = None) -> DistTensor:
         """Collective over grid (on more than one rank). Cumulative sum (also ``np.cumsum(x)``); see
-        :func:`hpctp.scan.cumsum`."""
-        from .scan import cumsum  # (it builds on this module)
-
-        return cumsum(self._numpy_style("cumsum", None, out), axis, dtype)
+        :func:`hpctp.tensor.functions.scan.cumsum`."""
+        return implementation("cumsum")(self._numpy_style("cumsum", None, out), axis, dtype)
 
     def cumprod(self, axis: int | None = None, dtype: object = None, out: None = None) -> DistTensor:
         """Collective over grid (on more than one rank). Cumulative product (also ``np.cumprod(x)``);
-        see :func:`hpctp.scan.cumprod`."""
-        from .scan import cumprod
-
-        return cumprod(self._numpy_style("cumprod", None, out), axis, dtype)
+        see :func:`hpctp.tensor.functions.scan.cumprod`."""
+        return implementation("cumprod")(self._numpy_style("cumprod", None, out), axis, dtype)
 
     def _is_half(self) -> bool:
         """float16 or bfloat16 blocks (reduced in float32, as torch accumulates them)."""
@@ -762,7 +746,7 @@ class DistTensor:
         axes = [g for g in (self.split[d] for d in dims) if g is not None and self.grid.dims[g] > 1]
         if not axes or not needs_grad(block):
             return block
-        from .nn.autograd_comm import sum_gradients  # (torch is loaded: the block is a torch tensor)
+        from ..ops.autograd import sum_gradients  # (torch is loaded: the block is a torch tensor)
 
         return sum_gradients(block, self.grid, axes)
 
@@ -854,9 +838,7 @@ class DistTensor:
             On operands of one shape but different splits, shapes that do not broadcast against
             the largest one, or different grids.
         """
-        from .numpy_api import apply_ufunc  # (it builds on this module)
-
-        return apply_ufunc(ufunc, method, inputs, kwargs)
+        return implementation("array_ufunc")(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Collective over grid for reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
@@ -864,16 +846,14 @@ class DistTensor:
         ``np.diff``, ``np.gradient``, ``np.concatenate`` and ``np.stack`` (along divided dims,
         or inputs cut differently), else Local (``np.where``, ``np.isclose``, ``np.clip``,
         ``np.real``, ``np.imag``, ``np.shape``): numpy functions on DistTensors
-        (:data:`hpctp.numpy_api.FUNCTIONS`).
+        (:data:`hpctp.tensor.numpy_protocol.FUNCTIONS`).
 
         Raises
         ------
         TypeError
             For other numpy functions (they would otherwise see an opaque object).
         """
-        from .numpy_api import apply_function
-
-        return apply_function(func, args, kwargs)
+        return implementation("array_function")(func, args, kwargs)
 
     __add__, __radd__ = _arithmetic(operator.add, "+")
     __sub__, __rsub__ = _arithmetic(operator.sub, "-")
@@ -896,11 +876,9 @@ class DistTensor:
 
     def __matmul__(self, other: object) -> DistTensor:
         """Collective over grid. Distributed matrix product, see :func:`hpctp.linalg.matmul`."""
-        from .linalg import matmul  # linalg builds on this module
-
         if not isinstance(other, DistTensor):
             raise TypeError(f"'@' needs two DistTensors, got DistTensor and {type(other).__name__}")
-        return matmul(self, other)
+        return implementation("matmul")(self, other)
 
     def __neg__(self) -> DistTensor:
         return self._new(-self.local)

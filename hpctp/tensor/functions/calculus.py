@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .backend import dtype_kind, from_numpy
-from .layout import Layout
-from .ops.reduce import normalize_axes, ordered_axes
-from .tensor import DistTensor
+from ..._util.backend import dtype_kind, from_numpy
+from ...layout import Layout
+from ...ops.reduce import normalize_axes, ordered_axes
+from ..core import DistTensor
 
 __all__ = ["diff", "gradient", "trapezoid"]
 

@@ -1,0 +1,49 @@
+"""The DistTensor room: the class (:mod:`.core`), its creation functions (:mod:`.creation`,
+:mod:`.random`, :mod:`.infer`), numpy's and torch's protocols on it (:mod:`.numpy_protocol`,
+:mod:`.torch_protocol`) and the array functions grouped by kind (:mod:`.functions`).
+
+Methods of :class:`DistTensor` that belong to a function module reach it through
+:mod:`.registry`; importing this package registers every implementation.
+"""
+
+from . import (
+    numpy_protocol,  # noqa: F401  (registers numpy's protocol)
+    random,
+)
+from .core import DistTensor
+from .creation import distribute, empty, from_local, fromfunction, full, ones, zeros
+from .functions.broadcast import broadcast_to
+from .functions.calculus import diff, gradient, trapezoid
+from .functions.histogram import histogram
+from .functions.join import concatenate, stack
+from .functions.pad import pad
+from .functions.quantiles import median, percentile, quantile
+from .functions.scan import cumprod, cumsum
+from .registry import register_lazy
+
+register_lazy("torch_function", "hpctp.tensor.torch_protocol")  # (imports torch: loaded on first use)
+
+__all__ = [
+    "DistTensor",
+    "broadcast_to",
+    "concatenate",
+    "cumprod",
+    "cumsum",
+    "diff",
+    "distribute",
+    "empty",
+    "from_local",
+    "fromfunction",
+    "full",
+    "gradient",
+    "histogram",
+    "median",
+    "ones",
+    "pad",
+    "percentile",
+    "quantile",
+    "random",
+    "stack",
+    "trapezoid",
+    "zeros",
+]
