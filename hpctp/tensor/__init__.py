@@ -6,12 +6,11 @@ Methods of :class:`DistTensor` that belong to a function module reach it through
 :mod:`.registry`; importing this package registers every implementation.
 """
 
-from . import (
-    numpy_protocol,  # noqa: F401  (registers numpy's protocol)
-    random,
-)
+# importing numpy_protocol and the functions modules registers DistTensor's methods (see .registry)
+from . import numpy_protocol, random  # noqa: F401
 from .core import DistTensor
 from .creation import distribute, empty, from_local, fromfunction, full, ones, zeros
+from .functions import scan, search, statistics  # noqa: F401
 from .functions.broadcast import broadcast_to
 from .functions.calculus import diff, gradient, trapezoid
 from .functions.histogram import histogram
