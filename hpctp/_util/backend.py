@@ -6,6 +6,7 @@ through every operation; conversions happen only when asked for.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any, cast
@@ -23,6 +24,8 @@ __all__ = [
     "broadcasts_to",
     "as_contiguous",
     "empty_like_backend",
+    "empty_host_torch",
+    "empty_host_bytes",
     "from_numpy",
     "to_numpy",
     "convert",
@@ -193,11 +196,71 @@ def empty_like_backend(shape: tuple[int, ...], dtype: object, like: object) -> A
     if name == "torch":
         import torch
 
-        return torch.empty(shape, dtype=resolve_dtype(dtype, "torch"), device=_device_of(like))
+        tdtype = resolve_dtype(dtype, "torch")
+        device = _device_of(like)
+        if device is not None and device.type == "cpu":
+            return empty_host_torch(shape, tdtype)
+        return torch.empty(shape, dtype=tdtype, device=device)
     import cupy as cp
 
     with like.device:  # type: ignore[attr-defined]
         return cp.empty(shape, dtype=resolve_dtype(dtype, "cupy"))
+
+
+HOST_NUMPY_MIN_BYTES = 1 << 20
+"""CPU torch buffers of at least this size are numpy memory (:func:`empty_host_torch`)."""
+
+
+def empty_host_torch(shape: tuple[int, ...], dtype: Any) -> Any:
+    """Local. An uninitialised CPU torch tensor; large ones in numpy-allocated memory, wrapped without a copy.
+
+    numpy asks the kernel for transparent huge pages for large arrays and torch (by default)
+    does not, so the first write into a fresh 128 MiB torch buffer takes four times as long:
+    one page fault per 4 KiB instead of per 2 MiB. Tensors of at least
+    :data:`HOST_NUMPY_MIN_BYTES` whose dtype numpy has (bfloat16 through int16) are therefore
+    allocated by numpy; they are ordinary tensors (autograd, views, in-place ops) except that
+    their storage cannot be resized.
+
+    Parameters
+    ----------
+    shape : tuple of int
+    dtype : torch.dtype
+
+    Returns
+    -------
+    torch.Tensor
+    """
+    import torch
+
+    size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if size >= HOST_NUMPY_MIN_BYTES:
+        stand_in = torch.int16 if dtype == torch.bfloat16 else dtype
+        try:
+            npd = torch.empty(0, dtype=stand_in).numpy().dtype
+        except TypeError:  # (no numpy dtype: complex32, float8, ...)
+            return torch.empty(shape, dtype=dtype)
+        return torch.from_numpy(np.empty(shape, dtype=npd)).view(dtype)
+    return torch.empty(shape, dtype=dtype)
+
+
+def empty_host_bytes(n: int, backend: str) -> Array:
+    """Local. A flat uninitialised ``uint8`` host buffer of ``n`` bytes: numpy, or torch on numpy memory.
+
+    Parameters
+    ----------
+    n : int
+    backend : {"numpy", "torch"}
+
+    Returns
+    -------
+    array
+    """
+    flat = np.empty(n, dtype=np.uint8)
+    if backend == "torch":
+        import torch
+
+        return torch.from_numpy(flat)
+    return flat
 
 
 def from_numpy(a: np.ndarray, like: object) -> Array:

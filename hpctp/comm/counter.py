@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CommCounter", "record"]
+__all__ = ["CommCounter", "record", "record_allocation"]
 
 _active: list[CommCounter] = []
 
@@ -34,6 +34,10 @@ class CommCounter:
     payload, though MPI reduces a float32 copy of it. The small message in which a collective
     call agrees on its arguments (:func:`hpctp.comm.agree_arguments`) is not counted.
 
+    ``allocations`` and ``allocated_bytes`` count the communication buffers (pack, send,
+    receive) that had to be allocated because :mod:`hpctp.comm.pool` had none free: a planned
+    move called a second time with the same sizes allocates none.
+
     Examples
     --------
     >>> with CommCounter() as c:            # doctest: +SKIP
@@ -44,6 +48,8 @@ class CommCounter:
     def __init__(self) -> None:
         self.total = CommStats()
         self.per_comm: dict[str, CommStats] = defaultdict(CommStats)
+        self.allocations = 0
+        self.allocated_bytes = 0
 
     @property
     def bytes_sent(self) -> int:
@@ -82,7 +88,7 @@ class CommCounter:
     def __repr__(self) -> str:
         return (
             f"CommCounter(bytes_sent={self.bytes_sent}, bytes_recv={self.bytes_recv}, "
-            f"messages={self.messages}, calls={self.calls})"
+            f"messages={self.messages}, calls={self.calls}, allocations={self.allocations})"
         )
 
 
@@ -93,3 +99,10 @@ def record(comm: Any, op: str, sent: int = 0, recv: int = 0, messages: int = 0) 
     name = comm.Get_name() or "unnamed"
     for c in _active:
         c._add(name, op, int(sent), int(recv), int(messages))
+
+
+def record_allocation(nbytes: int) -> None:
+    """Local. Count one newly allocated communication buffer of ``nbytes`` in every active :class:`CommCounter`."""
+    for c in _active:
+        c.allocations += 1
+        c.allocated_bytes += int(nbytes)

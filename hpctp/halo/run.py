@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import comm as C
-from .._util.backend import Array, copy_into, empty_like_backend, is_torch
+from .._util.backend import Array, copy_into, empty_like_backend, from_bytes, is_torch
+from ..comm import pool as P
 from ..layout import grid_coords
+from ..ops.transfer import itemsize
 from .plan import FetchPlan, Piece
 
 __all__ = [
@@ -63,9 +65,24 @@ def _detach(x: Array) -> Array:
     return x.detach() if is_torch(x) else x
 
 
-def _pack(block: Array, pieces: tuple[Piece, ...], attr: str, flip: bool) -> Array:
-    """One contiguous 1-D buffer holding ``block[piece.<attr>]`` for every piece, in order."""
-    buf = empty_like_backend((sum(p.size for p in pieces),), block.dtype, block)
+def _buffer(count: int, like: Array, held: list[Array]) -> Array:
+    """A 1-D message buffer of ``count`` elements of ``like``'s dtype, from :mod:`hpctp.comm.pool`;
+    the pooled memory is appended to ``held``, to be released once the message completed."""
+    n = count * itemsize(like)
+    raw = P.acquire(n, like)
+    held.append(raw)
+    return from_bytes(raw[:n], like.dtype, (count,))
+
+
+def _release(held: list[Array]) -> None:
+    for raw in held:
+        P.release(raw)
+    held.clear()
+
+
+def _pack(block: Array, pieces: tuple[Piece, ...], attr: str, flip: bool, held: list[Array]) -> Array:
+    """One contiguous 1-D (pooled) buffer holding ``block[piece.<attr>]`` for every piece, in order."""
+    buf = _buffer(sum(p.size for p in pieces), block, held)
     off = 0
     for p in pieces:
         part = block[getattr(p, attr)]
@@ -123,11 +140,14 @@ def _relative(dst: Box, box: Box) -> Box:
 class FetchHandle:
     """Local. Messages of one fetch in flight; :meth:`wait` completes it and returns the array."""
 
-    def __init__(self, plan: FetchPlan, out: Array, recvs: list[tuple[Any, Array]], pending: list[Any]) -> None:
+    def __init__(
+        self, plan: FetchPlan, out: Array, recvs: list[tuple[Any, Array]], pending: list[Any], held: list[Array]
+    ) -> None:
         self.plan = plan
         self.out = out
         self._recvs = recvs
         self._pending = pending
+        self._held = held
         self._done = False
 
     def wait(self) -> Array:
@@ -141,6 +161,7 @@ class FetchHandle:
                     off += p.size
             self._recvs = []
             self._pending = []
+            _release(self._held)
             self._done = True
         return self.out
 
@@ -183,10 +204,11 @@ def begin_fetch(
     block = _detach(block)
     if out is None:
         out = empty_like_backend(plan.shape, block.dtype, block)
-    recvs = [(m, empty_like_backend((m.size,), block.dtype, block)) for m in plan.recvs]
+    held: list[Array] = []  # (pooled message buffers, released by wait)
+    recvs = [(m, _buffer(m.size, block, held)) for m in plan.recvs]
     pending = [C.irecv(comm, buf, m.peer, TAG) for m, buf in recvs]
     for m in plan.sends:
-        pending.append(C.isend(comm, _pack(block, m.pieces, "src", False), m.peer, TAG))
+        pending.append(C.isend(comm, _pack(block, m.pieces, "src", False, held), m.peer, TAG))
     for sl in plan.fills:
         _fill(out[sl], fill)
     for p in plan.local:
@@ -199,7 +221,7 @@ def begin_fetch(
             part = _clip(p, box)
             if part is not None:
                 copy_into(out[part[1]], _flip(block[part[0]], p.flip))
-    return FetchHandle(plan, out, recvs, pending)
+    return FetchHandle(plan, out, recvs, pending, held)
 
 
 def end_fetch(handle: FetchHandle) -> Array:
@@ -246,10 +268,13 @@ def adjoint_fetch_parts(
 class AdjointHandle:
     """Local. An adjoint fetch in flight; :meth:`finish` adds its contributions to a block."""
 
-    def __init__(self, recvs: list[tuple[Any, Array]], pending: list[Any], local: list[tuple[Box, Array]]) -> None:
+    def __init__(
+        self, recvs: list[tuple[Any, Array]], pending: list[Any], local: list[tuple[Box, Array]], held: list[Array]
+    ) -> None:
         self._recvs = recvs
         self._pending = pending
         self._local = local
+        self._held = held
 
     def finish(self, out: Array) -> Array:
         """Local (waits for the peers' messages). Add every contribution into ``out``; returns it."""
@@ -262,6 +287,7 @@ class AdjointHandle:
                 _add_into(out[p.src], buf[off : off + p.size].reshape(p.shape))
                 off += p.size
         self._recvs, self._pending, self._local = [], [], []
+        _release(self._held)
         return out
 
 
@@ -273,10 +299,12 @@ def begin_adjoint(plan: FetchPlan, comm: Any, parts: list[tuple[Box, Array]], sk
     caller may supply an existing gradient buffer instead of a new zero block.
     """
     like = parts[0][1]
-    recvs = [(m, empty_like_backend((m.size,), like.dtype, like)) for m in plan.sends]
+    held: list[Array] = []  # (pooled message buffers, released by finish)
+    recvs = [(m, _buffer(m.size, like, held)) for m in plan.sends]
     pending = [C.irecv(comm, buf, m.peer, ADJOINT_TAG) for m, buf in recvs]
     for m in plan.recvs:
-        buf = _zeros((m.size,), like)
+        buf = _buffer(m.size, like, held)
+        _fill(buf, 0)
         off = 0
         for p in m.pieces:
             view = buf[off : off + p.size].reshape(p.shape)
@@ -294,4 +322,4 @@ def begin_adjoint(plan: FetchPlan, comm: Any, parts: list[tuple[Box, Array]], sk
             part = _clip(p, box)
             if part is not None:
                 local.append((part[0], _flip(_detach(g)[_relative(part[1], box)], p.flip)))
-    return AdjointHandle(recvs, pending, local)
+    return AdjointHandle(recvs, pending, local, held)
