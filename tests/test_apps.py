@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.layouts import make_layout
 
 import hpctp
 from apps.common.config import load_config
@@ -114,8 +115,6 @@ def _high_band_ref(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def test_high_band_loss_and_gradient(grid2d: hpctp.ProcessGrid) -> None:
     """The distributed loss term (hpctp.fft autograd on uneven blocks) equals the filtered-error
     reference on the gathered fields, and so does its gradient."""
-    from test_conv_common import make_layout
-
     shape = (2, 3, 12, 10)
     gen = torch.Generator().manual_seed(6)
     truth = torch.randn(*shape, dtype=torch.float64, generator=gen)

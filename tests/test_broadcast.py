@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, check_gradient
+from helpers.tensors import SHAPE, as_numpy, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
@@ -17,10 +17,10 @@ from hpctp.testing import assert_all, assert_allclose
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_smaller_operands_broadcast_as_in_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     prof = np.cos(np.arange(6.0))
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew, backend)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = make_tensor(grid2d, split, skew, backend)
         rep = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (None,)).to(backend)
         cut = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (grid2d.ndim - 1,)).to(backend)
         cases = {
@@ -51,19 +51,19 @@ def test_broadcast_gradients_equal_torch(grid2d: hpctp.ProcessGrid) -> None:
             grid2d, lambda t: t.sum(1, keepdims=True) * t, lambda t: t.sum(1, keepdims=True) * t, skew, "x.sum(1) * x"
         )
     # a learnable replicated profile: its gradient is summed over the ranks that use it (every rank gets all of it)
-    x = _tensor(grid2d, (0, 1, None), True, "torch")
+    x = make_tensor(grid2d, (0, 1, None), True, "torch")
     prof = torch.cos(torch.arange(6.0, dtype=torch.float64)).requires_grad_(True)
     p = hpctp.DistTensor(prof, grid2d, hpctp.Layout((6,), grid2d.dims, (None,)))
-    w = torch.from_numpy(np.sin(_global(SHAPE)))
+    w = torch.from_numpy(np.sin(global_array(SHAPE)))
     (x * p * x.with_local(w[x.local_slices])).sum().local.backward()
     ref = prof.detach().clone().requires_grad_(True)
-    (torch.from_numpy(_global(SHAPE)) * ref * w).sum().backward()
+    (torch.from_numpy(global_array(SHAPE)) * ref * w).sum().backward()
     assert_allclose(grid2d, prof.grad, ref.grad, rtol=1e-12, what="the profile's gradient")
 
 
 @pytest.mark.mpi
 def test_shapes_that_do_not_broadcast_one_way_are_refused(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match=r"shape \(5,\) does not broadcast against one of shape \(7, 5, 6\)"):
         x + x[0, :, 0]
     with pytest.raises(ValueError, match="does not broadcast"):

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers.layers import compare_layer
+from helpers.linear import param_block, reference_linear
 from mpi4py import MPI
-from test_conv_common import compare_layer
-from test_linear import param_block, reference_linear
 
 import hpctp
 import hpctp.comm.buffers as B

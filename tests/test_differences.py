@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, check_gradient
+from helpers.tensors import SHAPE, as_numpy, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
@@ -18,9 +18,9 @@ STRETCHED = np.cumsum(np.linspace(0.5, 2.0, SHAPE[0]))  # coordinates along dim 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_diff_and_gradient_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = np.sin(_global(SHAPE))
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x0 = _tensor(grid2d, split, skew, backend)
+    a = np.sin(global_array(SHAPE))
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x0 = make_tensor(grid2d, split, skew, backend)
         x = x0.with_local(x0.local * 0 + (torch.from_numpy(a) if backend == "torch" else a)[x0.local_slices])
         cases = {
             "diff": (np.diff(x), np.diff(a)),
@@ -91,7 +91,7 @@ def test_gradient_autograd_equals_torch(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_difference_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match="edge_order must be 1 or 2"):
         np.gradient(x, edge_order=3)
     with pytest.raises(ValueError, match="too small along dim 0"):
@@ -117,9 +117,9 @@ def test_difference_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_trapezoid_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = np.sin(_global(SHAPE)) + 1.2
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x0 = _tensor(grid2d, split, skew, backend)
+    a = np.sin(global_array(SHAPE)) + 1.2
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x0 = make_tensor(grid2d, split, skew, backend)
         y = x0.with_local(x0.local * 0 + (torch.from_numpy(a) if backend == "torch" else a)[x0.local_slices])
         pts = y * 0.5 + 3.0  # sample points as a DistTensor of y's shape
         cases = {
@@ -141,7 +141,7 @@ def test_trapezoid_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None
             "trapezoid, 1-D points",
             atol=1e-12,
         )
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match="one point per sample"):
         hpctp.trapezoid(x, np.arange(4.0), axis=0)
     with pytest.raises(ValueError, match="sample points of shape"):

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers.layouts import make_layout
 
 import hpctp
 from hpctp.comm import CommCounter
@@ -121,8 +122,6 @@ def test_redistribute_3d(grid3d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 def test_redistribute_onto_another_grid_shape(grid3d: hpctp.ProcessGrid) -> None:
     """The same ranks on every other grid shape: skewed, replicated and empty blocks move exactly."""
-    from test_conv_common import make_layout
-
     a = _global((5, 4, 3))
     size = grid3d.size
     for src in [(0, 1, 2), (None, 2, 0), (1, None, None)]:

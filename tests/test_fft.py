@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_conv_common import make_layout, skewed_cuts
+from helpers.layouts import make_layout, skewed_cuts
 
 import hpctp
 from hpctp import fft as F

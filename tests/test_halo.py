@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_conv_common import global_field, make_layout, skewed_cuts
+from helpers.layers import global_field
+from helpers.layouts import make_layout, skewed_cuts
 
 import hpctp
 from hpctp.comm import CommCounter

@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from test_indexing import SHAPE, _global, _splits, _tensor, with_values
+from helpers.tensors import SHAPE, global_array, make_tensor, splits_for, with_values
 
 import hpctp
 from hpctp.testing import assert_allclose, assert_equal
@@ -16,7 +16,7 @@ from hpctp.testing import assert_allclose, assert_equal
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_histogram_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    base = np.sin(_global(SHAPE) * 1.7)
+    base = np.sin(global_array(SHAPE) * 1.7)
     data = {
         "float64": base,
         "float32": base.astype(np.float32),
@@ -25,8 +25,8 @@ def test_histogram_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None
     }
     cases = [{}, {"bins": 7}, {"bins": [-1.0, -0.3, 0.0, 0.1, 1.0, 30.0]}, {"bins": 5, "range": (-0.5, 12)}]
     cases += [{"bins": 4, "density": True}]
-    for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), data.items()):
-        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
+        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for kw in cases:
             what = f"{name} {kw} split={split} skew={skew}"
             counts, edges = np.histogram(x, **kw)  # type: ignore[call-overload]
@@ -37,17 +37,17 @@ def test_histogram_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None
 
 @pytest.mark.mpi
 def test_histogram_weights_and_nans(grid2d: hpctp.ProcessGrid) -> None:
-    a = np.cos(_global(SHAPE))
-    w = np.abs(np.sin(_global(SHAPE))) + 0.25
-    x = with_values(_tensor(grid2d, (0, 1, None), True), a)
-    weights = with_values(_tensor(grid2d, (0, 1, None), False), w)  # cut differently: aligned first
+    a = np.cos(global_array(SHAPE))
+    w = np.abs(np.sin(global_array(SHAPE))) + 0.25
+    x = with_values(make_tensor(grid2d, (0, 1, None), True), a)
+    weights = with_values(make_tensor(grid2d, (0, 1, None), False), w)  # cut differently: aligned first
     got, _ = hpctp.histogram(x, 6, weights=weights)
     assert_allclose(grid2d, got, np.histogram(a, 6, weights=w)[0], rtol=1e-13, what="weighted counts")
     got, _ = np.histogram(x, 6, weights=weights, density=True)
     assert_allclose(grid2d, got, np.histogram(a, 6, weights=w, density=True)[0], rtol=1e-13, what="weighted density")
     b = a.copy()
     b[3, 2, 1] = np.nan  # with a range, numpy leaves NaNs out
-    y = with_values(_tensor(grid2d, (0, 1, None), True), b)
+    y = with_values(make_tensor(grid2d, (0, 1, None), True), b)
     assert_equal(grid2d, np.histogram(y, 5, (-1, 1))[0], np.histogram(b, 5, (-1, 1))[0], "NaN left out")
     with pytest.raises(ValueError, match="autodetected range of \\[nan, nan\\] is not finite"):
         np.histogram(y)
@@ -57,7 +57,7 @@ def test_histogram_weights_and_nans(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_histogram_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match="bin estimators"):
         np.histogram(x, bins="auto")
     with pytest.raises(ValueError, match="max must be larger than min"):

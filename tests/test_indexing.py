@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
-from test_conv_common import make_layout
+from helpers.tensors import SHAPE, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
 from hpctp.layout import Layout
 from hpctp.layout.indexing import index_plan
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
-SHAPE = (7, 5, 6)
 KEYS = [
     (),
     (slice(None),),
@@ -41,63 +39,11 @@ REVERSED = [  # negative steps: the elements flip (between ranks along a divided
 ]
 
 
-def _global(shape: tuple[int, ...]) -> np.ndarray:
-    return np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) * 0.5 - 7.0
-
-
-def _tensor(
-    grid: hpctp.ProcessGrid, split: tuple[int | None, ...], skew: bool, backend: str = "numpy"
-) -> hpctp.DistTensor:
-    lay = make_layout(grid, SHAPE, split, skew)
-    x = hpctp.DistTensor(_global(SHAPE)[lay.local_slices(grid.coords)].copy(), grid, lay)
-    return x.to(backend)
-
-
-def as_numpy(x: object) -> np.ndarray:
-    """A gathered result (numpy array or CPU torch tensor) as a numpy array."""
-    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def with_values(x: hpctp.DistTensor, a: np.ndarray) -> hpctp.DistTensor:
-    """``x``'s layout and backend holding the global array ``a`` (each rank its part)."""
-    block = np.ascontiguousarray(a[x.local_slices])
-    return x.with_local(torch.from_numpy(block) if x.backend == "torch" else block)
-
-
-def _splits(grid: hpctp.ProcessGrid) -> list[tuple[int | None, ...]]:
-    axes = list(range(grid.ndim))
-    out = [(None,) * 3]
-    out += [tuple(axes[:3]) + (None,) * (3 - min(3, grid.ndim))]
-    out += [(None,) + tuple(reversed(axes[:2])) + (None,) * (2 - min(2, grid.ndim))]
-    return out
-
-
-def check_gradient(
-    grid: hpctp.ProcessGrid,
-    op: Callable[[hpctp.DistTensor], hpctp.DistTensor],
-    ref_op: Callable[[torch.Tensor], torch.Tensor],
-    skew: bool,
-    what: str,
-    atol: float = 0.0,
-) -> None:
-    """d/dX sum(W * op(X)) on the blocks of X (dims 0 and 1 divided, torch) equals torch's
-    d/dX sum(W * ref_op(X)) on the gathered tensor (float64, 1e-12 relative)."""
-    x = _tensor(grid, (0, 1, None), skew, "torch")
-    x.local.requires_grad_(True)
-    y = op(x)
-    ref = torch.from_numpy(_global(SHAPE)).requires_grad_(True)
-    want = ref_op(ref)
-    w = torch.cos(torch.arange(want.numel(), dtype=torch.float64)).reshape(want.shape)
-    (y.local * w[y.local_slices]).sum().backward()
-    (want * w).sum().backward()
-    assert_allclose(grid, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, atol=atol, what=f"{what} skew={skew}")
-
-
 # ---------------------------------------------------------------------------- pure block math
 @pytest.mark.parametrize("dims", [(1,), (3,), (3, 2), (2, 1, 3)])
 def test_plan_blocks_tile_the_numpy_selection(dims: tuple[int, ...]) -> None:
     """Every block's local_key selects its block of the selection, and the result has numpy's shape."""
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     split = tuple(range(len(dims))) + (None,) * (3 - len(dims))
     for skew, key in itertools.product((False, True), KEYS + REVERSED):
         cuts = ((0, 1, 1, 7), None, None) if skew and dims[0] == 3 else ()
@@ -138,9 +84,9 @@ def test_plan_refuses_bad_keys() -> None:
 # ---------------------------------------------------------------------------- x[key]
 @pytest.mark.mpi
 def test_getitem_equals_numpy(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global(SHAPE)
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew)
+    a = global_array(SHAPE)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = make_tensor(grid2d, split, skew)
         for key in KEYS + REVERSED:
             y = x[key]
             assert_equal(grid2d, y.gather(None), a[key], f"split={split} skew={skew} key={key}")
@@ -149,8 +95,8 @@ def test_getitem_equals_numpy(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_getitem_3d_grid_torch(grid3d: hpctp.ProcessGrid) -> None:
-    a = torch.from_numpy(_global(SHAPE))
-    x = _tensor(grid3d, (0, 1, 2), True, "torch")
+    a = torch.from_numpy(global_array(SHAPE))
+    x = make_tensor(grid3d, (0, 1, 2), True, "torch")
     for key in KEYS:
         assert_equal(grid3d, x[key].gather(None), a[key], f"key={key}")
     for key in REVERSED:  # (torch has no negative steps: numpy's result)
@@ -160,14 +106,14 @@ def test_getitem_3d_grid_torch(grid3d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 def test_getitem_views_and_moves(grid2d: hpctp.ProcessGrid) -> None:
     """Slices are views of the block and move nothing; an int along a divided dim replicates the row."""
-    x = _tensor(grid2d, (0, 1, None), False)
+    x = make_tensor(grid2d, (0, 1, None), False)
     with hpctp.CommCounter() as sliced:
         y = x[1:5, ::2]
     view = y.local.size == 0 or np.shares_memory(y.local, x.local)
     assert_all(grid2d, not sliced.calls and view, f"a view, no messages: {sliced}")
     row = x[3]
     assert_all(grid2d, row.split == (1, None) and 0 in row.layout.replicated_axes, str(row.layout))
-    assert_equal(grid2d, row.local, _global(SHAPE)[3][row.local_slices], "every rank holds its part of the row")
+    assert_equal(grid2d, row.local, global_array(SHAPE)[3][row.local_slices], "every rank holds its part of the row")
 
 
 @pytest.mark.mpi
@@ -175,9 +121,9 @@ def test_getitem_gradient(grid2d: hpctp.ProcessGrid) -> None:
     """d/dX sum(W * X[key]) on the blocks equals torch's on the gathered tensor."""
     for key in ((2, slice(1, 4)), (slice(None, None, 2), -1, None), (6, 4, 5), (slice(1, 6, 3),)):
         check_gradient(grid2d, lambda t, k=key: t[k], lambda t, k=key: t[k], True, f"key={key}")
-    w_full = torch.from_numpy(np.cos(_global(SHAPE)))
+    w_full = torch.from_numpy(np.cos(global_array(SHAPE)))
     for key in REVERSED:  # (torch has no negative steps: the gradient is W scattered back, as numpy writes it)
-        x = _tensor(grid2d, (0, 1, None), True, "torch")
+        x = make_tensor(grid2d, (0, 1, None), True, "torch")
         x.local.requires_grad_(True)
         y = x[key]
         w = w_full.numpy()[key]
@@ -189,7 +135,7 @@ def test_getitem_gradient(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_getitem_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(IndexError, match="out of bounds"):
         x[0, 5]
     with pytest.raises(TypeError, match="advanced"):
@@ -216,9 +162,9 @@ def test_setitem_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
         ((slice(5, 0, -2), slice(None, None, -1), slice(4, None, -3)), np.arange(30.0).reshape(3, 5, 2)),
         ((Ellipsis, slice(None, None, -2)), np.arange(3.0) - 10),
     ]
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        a = _global(SHAPE)
-        x = _tensor(grid2d, split, skew, backend)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        a = global_array(SHAPE)
+        x = make_tensor(grid2d, split, skew, backend)
         for key, value in cases:
             a[key] = value
             x[key] = torch.as_tensor(value) if backend == "torch" and isinstance(value, np.ndarray) else value
@@ -227,8 +173,8 @@ def test_setitem_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
 
 @pytest.mark.mpi
 def test_setitem_from_disttensors(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global(SHAPE)
-    x = _tensor(grid2d, (0, 1, None), True)
+    a = global_array(SHAPE)
+    x = make_tensor(grid2d, (0, 1, None), True)
     for key in ((2,), (slice(1, 6, 2), slice(None), 3), (Ellipsis, None, 1)):
         x[key] = x[key] * 3 + 1
         a[key] = a[key] * 3 + 1
@@ -255,8 +201,8 @@ def test_setitem_from_disttensors(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_len_and_iteration(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global(SHAPE)
-    x = _tensor(grid2d, (0, 1, None), True)
+    a = global_array(SHAPE)
+    x = make_tensor(grid2d, (0, 1, None), True)
     rows = [r.gather(None) for r in x]  # one collective x[i] per row of the divided dim 0
     assert_all(grid2d, len(x) == 7 and len(rows) == 7, f"len {len(x)}, {len(rows)} rows")
     assert_equal(grid2d, np.stack(rows), a, "the rows in order")
@@ -273,9 +219,9 @@ def test_len_and_iteration(grid2d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_transpose_is_a_view_with_permuted_layout(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = _global(SHAPE)
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew, backend)
+    a = global_array(SHAPE)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = make_tensor(grid2d, split, skew, backend)
         for perm in [None, (1, 0, 2), (2, 0, 1), (-1, -3, 1)]:
             y = x.transpose() if perm is None else x.transpose(*perm)
             want = a.transpose(perm)
@@ -283,8 +229,10 @@ def test_transpose_is_a_view_with_permuted_layout(grid2d: hpctp.ProcessGrid, bac
             assert_all(grid2d, y.split == tuple(x.split[d % 3] for d in (perm or (2, 1, 0))), str(y.layout))
         assert_equal(grid2d, x.T.gather(None), a.T, "x.T")
         assert_equal(grid2d, np.transpose(x, (0, 2, 1)).gather(None), np.transpose(a, (0, 2, 1)), "np.transpose")
-    m = hpctp.distribute(_global((6, 4)), grid2d, (0, 1)).to(backend)
-    assert_allclose(grid2d, (m @ m.T).gather(None), _global((6, 4)) @ _global((6, 4)).T, rtol=1e-13, what="m @ m.T")
+    m = hpctp.distribute(global_array((6, 4)), grid2d, (0, 1)).to(backend)
+    assert_allclose(
+        grid2d, (m @ m.T).gather(None), global_array((6, 4)) @ global_array((6, 4)).T, rtol=1e-13, what="m @ m.T"
+    )
     for bad in [(0, 1), (0, 0, 1), (0, 1, 3), (0, 1, 2.0)]:
         with pytest.raises(ValueError, match="is not a permutation of the 3 dims"):
             x.transpose(*bad)  # type: ignore[arg-type]
@@ -295,9 +243,9 @@ def test_transpose_is_a_view_with_permuted_layout(grid2d: hpctp.ProcessGrid, bac
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_differently_cut_operands_align(grid2d: hpctp.ProcessGrid, backend: str) -> None:
     """``u[1:] - u[:-1]`` and the stencil update ``u[1:-1] = ... u[2:] ... u[:-2]`` as in numpy."""
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        a = _global(SHAPE)
-        x = _tensor(grid2d, split, skew, backend)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        a = global_array(SHAPE)
+        x = make_tensor(grid2d, split, skew, backend)
         diff = x[1:] - x[:-1]
         assert_all(grid2d, diff.layout == x[1:].layout, f"the left operand's layout: {diff.layout}")
         assert_equal(
@@ -331,6 +279,6 @@ def test_aligning_moves_only_the_rows_between_cuts(grid1d: hpctp.ProcessGrid) ->
 def test_aligned_operand_gradient(grid2d: hpctp.ProcessGrid) -> None:
     for skew in (False, True):
         check_gradient(grid2d, lambda t: t[2:] - 2 * t[1:-1] + t[:-2], lambda t: t[2:] - 2 * t[1:-1] + t[:-2], skew, "")
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match=r"same layout.*call other.redistribute\(x.layout\)"):
         x[1:] + x[1:].redistribute((None, None, None))

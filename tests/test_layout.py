@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers.layouts import layouts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,15 +49,6 @@ def test_owner_of_finds_the_block(n: int, parts: int, data: st.DataObject) -> No
 def test_block_range_rejects_bad_input(args: tuple, err: type) -> None:
     with pytest.raises(err):
         block_range(*args)
-
-
-@st.composite
-def layouts(draw: st.DrawFn, max_ranks: int = 12) -> Layout:
-    gdims = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
-    ndim = draw(st.integers(0, 3))
-    shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
-    axes = draw(st.permutations(list(range(len(gdims))) + [None] * ndim))
-    return Layout(shape, gdims, tuple(axes[:ndim]))
 
 
 def _replica_groups(layout: Layout) -> dict[tuple[int, ...], list[tuple[int, ...]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.linear import full_param, param_block, reference_linear
 
 import hpctp
 from hpctp.nn.linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
@@ -14,30 +15,8 @@ from hpctp.testing import assert_all, assert_allclose
 F64 = torch.float64
 
 
-def full_param(p: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
-    """The global parameter (gathered on every rank), on the host; replicated parameters as they are."""
-    lay = getattr(p, "hpctp_layout", None)
-    if lay is None:
-        return p.detach().cpu().clone()
-    return hpctp.DistTensor(p.detach(), grid, lay).gather(root=None).cpu()
-
-
 def _global(shape: tuple[int, int], seed: int) -> torch.Tensor:
     return torch.from_numpy(block_normal(shape, tuple((0, s) for s in shape), seed))
-
-
-def reference_linear(layer: torch.nn.Module, grid: hpctp.ProcessGrid, fin: int, fout: int) -> torch.nn.Linear:
-    ref = torch.nn.Linear(fin, fout, bias=layer.bias is not None, dtype=F64)
-    with torch.no_grad():
-        ref.weight.copy_(full_param(layer.weight, grid))
-        if layer.bias is not None:
-            ref.bias.copy_(full_param(layer.bias, grid))
-    return ref
-
-
-def param_block(p: torch.Tensor, full: torch.Tensor, grid: hpctp.ProcessGrid) -> torch.Tensor:
-    lay = getattr(p, "hpctp_layout", None)
-    return full if lay is None else full[lay.local_slices(grid.coords)]
 
 
 @pytest.mark.mpi

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, with_values
+from helpers.tensors import SHAPE, as_numpy, global_array, make_tensor, splits_for, with_values
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
@@ -18,7 +18,7 @@ FUNCS = ("nansum", "nanmean", "nanmax", "nanmin", "nanvar", "nanstd")
 
 
 def _data() -> dict[str, np.ndarray]:
-    base = np.sin(_global(SHAPE)) * 2 + 0.5
+    base = np.sin(global_array(SHAPE)) * 2 + 0.5
     base[1, 2, :] = np.nan  # an all-NaN slice along axis 2
     base[4:6, 0, 3] = np.nan
     base[0, :, 0] = np.nan  # an all-NaN slice along axis 1
@@ -33,8 +33,8 @@ def _data() -> dict[str, np.ndarray]:
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_nan_reductions_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), _data().items()):
-        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), _data().items()):
+        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for func, (axis, keepdims) in itertools.product(FUNCS, ((None, False), (2, False), ((0, 1), True), (1, False))):
             if func in ("nanmax", "nanmin") and name == "complex128":
                 continue  # (no order on complex numbers; max/min refuse them)
@@ -60,7 +60,7 @@ def test_nan_reduction_gradients(grid2d: hpctp.ProcessGrid) -> None:
             ("nanmean", lambda t: np.nanmean(t, axis=(0, 2)), lambda t: torch.nanmean(t, dim=(0, 2))),
         ),
     ):
-        x0 = _tensor(grid2d, (0, 1, None), skew, "torch")
+        x0 = make_tensor(grid2d, (0, 1, None), skew, "torch")
         x = x0.with_local(a[x0.local_slices].clone().requires_grad_(True))
         out = dist(x)
         ag = a.clone().requires_grad_(True)
@@ -73,7 +73,7 @@ def test_nan_reduction_gradients(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_nan_reduction_errors(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(TypeError, match="takes axis, keepdims"):
         np.nansum(x, out=np.zeros(()))
     with pytest.raises(TypeError, match="takes axis, keepdims"):

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor
+from helpers.tensors import SHAPE, global_array, make_tensor, splits_for
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose, assert_equal
@@ -17,10 +17,10 @@ from hpctp.testing import assert_all, assert_allclose, assert_equal
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_ufuncs_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     b = np.sin(a) * 3
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew, backend)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = make_tensor(grid2d, split, skew, backend)
         y = x.with_local(x.local * 0 + (torch.from_numpy(b) if backend == "torch" else b)[x.local_slices])
         s = x.sum()
         cases = {
@@ -44,7 +44,7 @@ def test_ufuncs_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
 
 @pytest.mark.mpi
 def test_ufunc_matmul_and_errors(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global((6, 4))
+    a = global_array((6, 4))
     x = hpctp.distribute(a, grid2d, (0, 1))
     z = hpctp.distribute(a.T.copy(), grid2d, (0, 1))
     assert_allclose(grid2d, np.matmul(x, z).gather(None), a @ a.T, rtol=1e-14)
@@ -68,8 +68,8 @@ def test_ufunc_matmul_and_errors(grid2d: hpctp.ProcessGrid) -> None:
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_numpy_reductions_call_the_collective_ones(grid2d: hpctp.ProcessGrid, backend: str) -> None:
     """np.sum(x), np.mean(x, axis), np.max/np.min: numpy calls the DistTensor's methods."""
-    a = _global(SHAPE)
-    x = _tensor(grid2d, (0, 1, None), True, backend)
+    a = global_array(SHAPE)
+    x = make_tensor(grid2d, (0, 1, None), True, backend)
     cases = {
         "np.sum": (np.sum(x), a.sum()),
         "np.sum axis keepdims": (np.sum(x, axis=(0, 2), keepdims=True), a.sum(axis=(0, 2), keepdims=True)),
@@ -92,10 +92,10 @@ def test_numpy_reductions_call_the_collective_ones(grid2d: hpctp.ProcessGrid, ba
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_numpy_functions_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     b = a + np.where(np.arange(a.size).reshape(SHAPE) % 7 == 0, 1e-3, 1e-10)
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew, backend)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = make_tensor(grid2d, split, skew, backend)
         y = x.with_local(x.local * 0 + (torch.from_numpy(b) if backend == "torch" else b)[x.local_slices])
         z = x.astype("complex128") * (1 - 2j)
         cases = {
@@ -127,7 +127,7 @@ def test_numpy_functions_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) ->
 
 @pytest.mark.mpi
 def test_other_numpy_functions_are_refused(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     for call in (np.unique, np.sort, np.vstack, np.round):
         with pytest.raises(TypeError, match="is not supported on DistTensors .supported: np.all, np.allclose"):
             call([x, x] if call is np.vstack else x)

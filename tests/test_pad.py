@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
+from helpers.tensors import SHAPE, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
 from hpctp.tensor.functions.pad import pad_runs
@@ -38,9 +38,9 @@ def test_runs_spell_out_numpys_rows(mode: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("skew", [False, True])
 def test_pad_equals_numpy(grid2d: hpctp.ProcessGrid, skew: bool) -> None:
-    a = _global(SHAPE)
-    for split in _splits(grid2d):
-        x = _tensor(grid2d, split, skew)
+    a = global_array(SHAPE)
+    for split in splits_for(grid2d):
+        x = make_tensor(grid2d, split, skew)
         for width in WIDTHS:
             for mode in ["constant", *COPYING]:
                 y = np.pad(x, width, mode=mode)  # numpy's protocol
@@ -56,10 +56,10 @@ def test_pad_equals_numpy(grid2d: hpctp.ProcessGrid, skew: bool) -> None:
 
 @pytest.mark.mpi
 def test_pad_keeps_dtype_and_backend(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     for backend in ("numpy", "torch"):
         for dtype, want in (("int32", a.astype(np.int32)), ("bool", a.astype(bool)), ("complex128", a * (1 - 2j))):
-            x = _tensor(grid2d, (0, 1, None), True, backend)
+            x = make_tensor(grid2d, (0, 1, None), True, backend)
             x = x * (1 - 2j) if dtype == "complex128" else x.astype(dtype)
             for mode, kw in (("constant", {"constant_values": 1.7}), ("symmetric", {}), ("wrap", {})):
                 y = hpctp.pad(x, ((1, 2), (2, 0), (0, 1)), mode=mode, **kw)  # type: ignore[arg-type]
@@ -99,10 +99,10 @@ def test_pad_gradient(grid2d: hpctp.ProcessGrid, mode: str) -> None:
 # ---------------------------------------------------------------------------- broadcast_to
 @pytest.mark.mpi
 def test_broadcast_to_equals_numpy(grid2d: hpctp.ProcessGrid) -> None:
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     for skew in (False, True):
-        for split in _splits(grid2d):
-            x = _tensor(grid2d, split, skew)
+        for split in splits_for(grid2d):
+            x = make_tensor(grid2d, split, skew)
             for key, shape in (
                 ((slice(2, 3),), (4, 5, 6)),  # a divided size-1 dim is replicated first
                 ((slice(None), slice(1, 2), slice(0, 1)), (2, 7, 3, 4)),
@@ -130,7 +130,7 @@ def test_broadcast_to_gradient(grid2d: hpctp.ProcessGrid) -> None:
 # ---------------------------------------------------------------------------- errors
 @pytest.mark.mpi
 def test_bad_arguments_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), False)
+    x = make_tensor(grid2d, (0, 1, None), False)
     cases = [
         (lambda: hpctp.pad(x, 1, mode="mean"), ValueError, "not supported"),
         (lambda: hpctp.pad(x, -1), ValueError, "negative"),
@@ -157,9 +157,9 @@ def test_bad_arguments_raise_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 def test_torch_functional_pad(grid2d: hpctp.ProcessGrid) -> None:
     """F.pad on a DistTensor: pairs for the last dims first, torch's mode names, differentiable."""
-    ref = torch.from_numpy(_global(SHAPE)[None])  # (torch's reflect/replicate/circular take a batch dim)
+    ref = torch.from_numpy(global_array(SHAPE)[None])  # (torch's reflect/replicate/circular take a batch dim)
     for mode, value in (("constant", 1.25), ("reflect", None), ("replicate", None), ("circular", None)):
-        x = _tensor(grid2d, (0, 1, None), True, "torch")
+        x = make_tensor(grid2d, (0, 1, None), True, "torch")
         x.local.requires_grad_(True)
         y = torch.nn.functional.pad(x, (2, 1, 0, 3), mode=mode, value=value)
         want = torch.nn.functional.pad(ref, (2, 1, 0, 3), mode=mode, value=value)[0]

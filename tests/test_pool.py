@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_conv_common import compare_layer
+from helpers.layers import compare_layer
 
 import hpctp
 from hpctp.nn.pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d

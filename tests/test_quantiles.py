@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, with_values
+from helpers.tensors import SHAPE, as_numpy, global_array, make_tensor, splits_for, with_values
 
 import hpctp
 from hpctp.tensor.functions.quantiles import from_keys, sortable_keys
@@ -30,11 +30,11 @@ def test_keys_sort_as_the_values(dtype: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_quantiles_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    base = np.round(np.sin(_global(SHAPE) * 1.3) * 4, 1)  # ties across blocks
+    base = np.round(np.sin(global_array(SHAPE) * 1.3) * 4, 1)  # ties across blocks
     base[0, 0, 0] = -0.0
     data = {"float64": base, "float32": base.astype(np.float32), "int64": (base * 10).astype(np.int64)}
-    for split, skew, (name, a) in itertools.product(_splits(grid2d), (False, True), data.items()):
-        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
+        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for axis, q, keepdims in (
             (None, 0.3, False),
             (0, [0.0, 0.25, 0.5, 1.0], False),
@@ -56,9 +56,9 @@ def test_quantiles_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
 
 @pytest.mark.mpi
 def test_quantiles_of_nans(grid2d: hpctp.ProcessGrid) -> None:
-    a = np.cos(_global(SHAPE))
+    a = np.cos(global_array(SHAPE))
     a[3, 1, :2] = np.nan  # the slices holding a NaN give NaN, as in numpy
-    x = with_values(_tensor(grid2d, (0, 1, None), True), a)
+    x = with_values(make_tensor(grid2d, (0, 1, None), True), a)
     for axis in (None, 0, 2):
         assert_equal(grid2d, np.median(x, axis=axis).gather(None), np.median(a, axis=axis), f"median axis={axis}")
         got = hpctp.quantile(x, [0.2, 0.8], axis=axis).gather(None)
@@ -67,7 +67,7 @@ def test_quantiles_of_nans(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_quantile_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match="range \\[0, 1\\]"):
         np.quantile(x, 1.5)
     with pytest.raises(ValueError, match="range \\[0, 100\\]"):
@@ -80,7 +80,7 @@ def test_quantile_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
         np.median(x[:, :0], axis=1)
     with pytest.raises(TypeError, match="no out="):
         np.median(x, out=np.zeros(()))
-    t = _tensor(grid2d, (0, 1, None), True, "torch")
+    t = make_tensor(grid2d, (0, 1, None), True, "torch")
     t.local.requires_grad_(True)
     with pytest.raises(TypeError, match="not differentiable"):
         hpctp.median(t)

@@ -12,10 +12,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers.layouts import layouts
+from helpers.tensors import SHAPE, check_gradient, global_array, make_tensor, splits_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_indexing import SHAPE, _global, _splits, _tensor, check_gradient
-from test_layout import layouts
 
 import hpctp
 from hpctp.layout import Layout, check_remap, grid_coords, inverse_remap, moves_data, redistribution_plan
@@ -127,9 +127,9 @@ ROLLS = [(1, 0), (-3, 1), (7, 0), ((2, -1), (0, 1)), (13, (0, 1, 2)), ((1, 2), 2
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_flip_and_roll_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = _global(SHAPE)
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = _tensor(grid2d, split, skew, backend)
+    a = global_array(SHAPE)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = make_tensor(grid2d, split, skew, backend)
         for axis in FLIPS:
             y = x.flip(axis)
             got = y.gather(None)
@@ -146,8 +146,8 @@ def test_flip_and_roll_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> N
 
 @pytest.mark.mpi
 def test_flip_and_roll_3d_grid_torch(grid3d: hpctp.ProcessGrid) -> None:
-    a = torch.from_numpy(_global(SHAPE))
-    x = _tensor(grid3d, (0, 1, 2), True, "torch")
+    a = torch.from_numpy(global_array(SHAPE))
+    x = make_tensor(grid3d, (0, 1, 2), True, "torch")
     assert_equal(grid3d, x.flip((0, 1)).gather(None), torch.flip(a, (0, 1)))
     assert_equal(grid3d, x.roll((3, -2, 1), (0, 1, 2)).gather(None), torch.roll(a, (3, -2, 1), (0, 1, 2)))
 
@@ -181,7 +181,7 @@ def test_roll_sends_only_the_rows_that_leave(grid1d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 def test_periodic_stencil_with_roll(grid2d: hpctp.ProcessGrid) -> None:
     """A 5-point periodic Laplacian written with roll, as one would in numpy."""
-    a = np.sin(_global((9, 7)))
+    a = np.sin(global_array((9, 7)))
     x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, (0, 1 if grid2d.ndim > 1 else None))
     lap = x.roll(1, 0) + x.roll(-1, 0) + x.roll(1, 1) + x.roll(-1, 1) - 4 * x
     want = np.roll(a, 1, 0) + np.roll(a, -1, 0) + np.roll(a, 1, 1) + np.roll(a, -1, 1) - 4 * a
@@ -190,7 +190,7 @@ def test_periodic_stencil_with_roll(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_flip_and_roll_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(ValueError, match=r"roll needs axis= for a tensor of 3 dims"):
         x.roll(1)
     with pytest.raises(ValueError, match="axis 3 is out of range"):

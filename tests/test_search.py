@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_indexing import SHAPE, _global, _splits, _tensor, as_numpy, with_values
+from helpers.tensors import SHAPE, as_numpy, global_array, make_tensor, splits_for, with_values
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose, assert_equal
@@ -17,14 +17,14 @@ from hpctp.testing import assert_all, assert_allclose, assert_equal
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_argmax_argmin_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    ties = np.round(np.sin(_global(SHAPE)) * 2)  # many equal extremes: the first one counts
-    nans = np.cos(_global(SHAPE))
+    ties = np.round(np.sin(global_array(SHAPE)) * 2)  # many equal extremes: the first one counts
+    nans = np.cos(global_array(SHAPE))
     nans[3, 1, 4] = nans[5, 0, 0] = np.nan  # a NaN is the extreme, as in numpy
     ints = (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64)
     for split, skew, (name, a) in itertools.product(
-        _splits(grid2d), (False, True), (("ties", ties), ("nans", nans), ("ints", ints))
+        splits_for(grid2d), (False, True), (("ties", ties), ("nans", nans), ("ints", ints))
     ):
-        x = with_values(_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
         for axis, keepdims in itertools.product((None, 0, 1, -1), (False, True)):
             for op in ("argmax", "argmin"):
                 got = getattr(x, op)(axis, keepdims)
@@ -38,15 +38,15 @@ def test_argmax_argmin_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> N
 
 @pytest.mark.mpi
 def test_argmax_of_a_tensor_that_requires_grad(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True, "torch")
+    x = make_tensor(grid2d, (0, 1, None), True, "torch")
     x.local.requires_grad_(True)
-    a = _global(SHAPE)
+    a = global_array(SHAPE)
     assert_all(grid2d, int(x.argmax()) == int(np.argmax(a)), "an index of a tensor that requires grad")
 
 
 @pytest.mark.mpi
 def test_argmax_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True)
+    x = make_tensor(grid2d, (0, 1, None), True)
     with pytest.raises(TypeError, match="argmax takes an int axis or None"):
         x.argmax((0, 1))
     with pytest.raises(ValueError, match="axis 3 is out of range"):
@@ -64,10 +64,10 @@ def test_argmax_errors_on_every_rank(grid2d: hpctp.ProcessGrid) -> None:
 def test_max_min_propagate_nan_across_ranks(grid2d: hpctp.ProcessGrid, backend: str) -> None:
     """numpy's max/min are NaN where any element is; MPI's MAX/MIN alone would drop a NaN held
     by another rank."""
-    a = np.cos(_global(SHAPE))
+    a = np.cos(global_array(SHAPE))
     a[0, 0, 0] = a[6, 4, 5] = a[3, 2, 1] = np.nan
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x = with_values(_tensor(grid2d, split, skew, backend), a)
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x = with_values(make_tensor(grid2d, split, skew, backend), a)
         for op, axis in itertools.product(("max", "min"), (None, 0, 1, (0, 2))):
             got = as_numpy(getattr(x, op)(axis).gather(None))
             assert_equal(grid2d, got, getattr(np, op)(a, axis=axis), f"{op} axis={axis} split={split} skew={skew}")
@@ -77,9 +77,9 @@ def test_max_min_propagate_nan_across_ranks(grid2d: hpctp.ProcessGrid, backend: 
 def test_max_min_gradient_is_shared_among_ties(grid2d: hpctp.ProcessGrid) -> None:
     """d/dx of sum(W * x.max(axis)) equals torch.amax's: the gradient goes to the elements equal
     to the result, shared evenly among them, also when the ties lie on different ranks."""
-    ties = np.round(np.sin(_global(SHAPE)) * 2)  # every extreme is tied, across blocks
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x0 = _tensor(grid2d, split, skew, "torch")
+    ties = np.round(np.sin(global_array(SHAPE)) * 2)  # every extreme is tied, across blocks
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x0 = make_tensor(grid2d, split, skew, "torch")
         for (axis, keepdims), op in itertools.product(
             ((None, False), (0, False), (1, True), ((0, 2), False), (-1, False)), ("max", "min")
         ):
@@ -96,7 +96,7 @@ def test_max_min_gradient_is_shared_among_ties(grid2d: hpctp.ProcessGrid) -> Non
             assert_allclose(grid2d, x.local.grad, ref.grad[x.local_slices], rtol=1e-12, what=f"d {what}")
     nans = ties.copy()
     nans[1, 2, 3] = nans[6, 4, 0] = np.nan  # NaN is the result; its gradient goes to the NaNs (torch.max)
-    x0 = _tensor(grid2d, (0, 1, None), True, "torch")
+    x0 = make_tensor(grid2d, (0, 1, None), True, "torch")
     x = x0.with_local(torch.from_numpy(nans[x0.local_slices].copy()).requires_grad_(True))
     (x.max() * 3.0).local.backward()
     ref = torch.from_numpy(nans).requires_grad_(True)

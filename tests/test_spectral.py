@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_conv_common import compare_layer, global_field, make_layout
+from helpers.layers import compare_layer, global_field
+from helpers.layouts import make_layout
 
 import hpctp
 from hpctp.nn import SpectralConv1d, SpectralConv2d, SpectralConv3d

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from test_indexing import SHAPE, _global, _splits, _tensor
+from helpers.tensors import SHAPE, global_array, make_tensor, splits_for
 
 import hpctp
 from hpctp.testing import assert_all, assert_allclose
@@ -16,8 +16,8 @@ from hpctp.testing import assert_all, assert_allclose
 
 @pytest.mark.mpi
 def test_pointwise_functions_and_gradients_equal_torch(grid2d: hpctp.ProcessGrid) -> None:
-    a = torch.from_numpy(_global(SHAPE) / 10)
-    b = torch.from_numpy(np.cos(_global(SHAPE)))
+    a = torch.from_numpy(global_array(SHAPE) / 10)
+    b = torch.from_numpy(np.cos(global_array(SHAPE)))
     cases = {
         "relu": (lambda x, y: torch.relu(x), lambda x, y: torch.relu(x)),
         "F.gelu tanh": (lambda x, y: F.gelu(x, approximate="tanh"), lambda x, y: F.gelu(x, approximate="tanh")),
@@ -30,8 +30,8 @@ def test_pointwise_functions_and_gradients_equal_torch(grid2d: hpctp.ProcessGrid
         "roll + y": (lambda x, y: torch.roll(x, (2, -1), (0, 1)) + y, lambda x, y: torch.roll(x, (2, -1), (0, 1)) + y),
         "exp - sum": (lambda x, y: torch.exp(x) - x.sum(), lambda x, y: torch.exp(x) - x.sum()),  # 0-d operand
     }
-    for split, skew in itertools.product(_splits(grid2d), (False, True)):
-        x0 = _tensor(grid2d, split, skew, "torch")
+    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+        x0 = make_tensor(grid2d, split, skew, "torch")
         for what, (dist, ref) in cases.items():
             x = x0.with_local((a[x0.local_slices] * 1).requires_grad_(True))
             y = x0.with_local(b[x0.local_slices].clone())
@@ -40,7 +40,7 @@ def test_pointwise_functions_and_gradients_equal_torch(grid2d: hpctp.ProcessGrid
             ag = a.clone().requires_grad_(True)
             want = ref(ag, b)
             assert_allclose(grid2d, out.gather(None), want.detach(), rtol=1e-14, atol=1e-12, what=f"{what} {split}")
-            weights = torch.from_numpy(np.sin(_global(SHAPE)))
+            weights = torch.from_numpy(np.sin(global_array(SHAPE)))
             (out * x0.with_local(weights[out.local_slices])).sum().local.backward()  # replicated loss
             (want * weights).sum().backward()
             assert_allclose(grid2d, x.local.grad, ag.grad[x.local_slices], rtol=1e-13, atol=1e-15, what=f"d {what}")
@@ -48,7 +48,7 @@ def test_pointwise_functions_and_gradients_equal_torch(grid2d: hpctp.ProcessGrid
 
 @pytest.mark.mpi
 def test_torch_functions_refused(grid2d: hpctp.ProcessGrid) -> None:
-    x = _tensor(grid2d, (0, 1, None), True, "torch")
+    x = make_tensor(grid2d, (0, 1, None), True, "torch")
     for call in (lambda: torch.softmax(x, 0), lambda: F.dropout(x), lambda: torch.max(x, 0), lambda: torch.sort(x)):
         with pytest.raises(TypeError, match="is not supported on DistTensors: only pointwise"):
             call()
@@ -63,9 +63,9 @@ def test_torch_functions_refused(grid2d: hpctp.ProcessGrid) -> None:
 @pytest.mark.mpi
 def test_sum_mean_norm_are_differentiable(grid2d: hpctp.ProcessGrid) -> None:
     """DistTensor reductions of torch blocks that require grad: the single-process gradient on every block."""
-    a = torch.from_numpy(_global(SHAPE) / 10)
-    for split in _splits(grid2d):
-        x0 = _tensor(grid2d, split, True, "torch")
+    a = torch.from_numpy(global_array(SHAPE) / 10)
+    for split in splits_for(grid2d):
+        x0 = make_tensor(grid2d, split, True, "torch")
         for what, dist, ref in (
             ("sum", lambda x: x.sum() * 3, lambda x: x.sum() * 3),
             ("mean axis 1 squared", lambda x: (x.mean(axis=1) ** 2).sum(), lambda x: (x.mean(1) ** 2).sum()),
@@ -85,7 +85,7 @@ def test_sum_mean_norm_are_differentiable(grid2d: hpctp.ProcessGrid) -> None:
 def test_torch_reductions_and_joins(grid2d: hpctp.ProcessGrid) -> None:
     """torch.sum/mean/amax/amin/var/std (torch's arguments and defaults) and torch.cat/stack on
     DistTensors equal torch on the gathered tensor, gradients too."""
-    a = torch.from_numpy(np.round(np.sin(_global(SHAPE)) * 3))  # ties for amax/amin
+    a = torch.from_numpy(np.round(np.sin(global_array(SHAPE)) * 3))  # ties for amax/amin
     cases = [
         ("sum dim 1", lambda t: torch.sum(t, 1)),
         ("sum keepdim", lambda t: torch.sum(t, dim=(0, 2), keepdim=True)),
@@ -98,8 +98,8 @@ def test_torch_reductions_and_joins(grid2d: hpctp.ProcessGrid) -> None:
         ("cat", lambda t: torch.cat([t, t[:2] * 2], dim=0)),
         ("stack", lambda t: torch.stack((t, t * 3), dim=1)),
     ]
-    for split, (what, fn) in itertools.product(_splits(grid2d), cases):
-        x0 = _tensor(grid2d, split, True, "torch")
+    for split, (what, fn) in itertools.product(splits_for(grid2d), cases):
+        x0 = make_tensor(grid2d, split, True, "torch")
         x = x0.with_local(a[x0.local_slices].clone().requires_grad_(True))
         out = fn(x)
         ag = a.clone().requires_grad_(True)

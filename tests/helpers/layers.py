@@ -1,39 +1,22 @@
-"""Shared helpers for the partitioned-layer tests (compare with torch on the gathered field)."""
+"""A partitioned layer against torch on the gathered field: output, input gradient, parameter gradients."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import pytest
 import torch
 
 import hpctp
+from helpers.layouts import make_layout
 from hpctp.comm import allreduce
-from hpctp.layout import Layout, block_cuts
 from hpctp.testing import assert_all, assert_allclose, assert_equal
-
-pytestmark = pytest.mark.mpi
 
 RTOL = 1e-10
 
 
-def skewed_cuts(n: int, parts: int) -> tuple[int, ...]:
-    """Uneven cuts: a 1-cell first block (when possible), the rest balanced."""
-    if parts == 1 or n < parts:
-        return block_cuts(n, parts)
-    rest = block_cuts(n - 1, parts - 1)
-    return (0,) + tuple(1 + c for c in rest)
-
-
-def make_layout(grid: hpctp.ProcessGrid, shape: Sequence[int], split: Sequence[int | None], skew: bool) -> Layout:
-    cuts = None
-    if skew:
-        cuts = tuple(None if g is None else skewed_cuts(n, grid.dims[g]) for n, g in zip(shape, split))
-    return Layout(tuple(shape), grid.dims, tuple(split), cuts or ())
-
-
 def global_field(shape: Sequence[int], seed: int) -> torch.Tensor:
+    """Local. A float64 standard-normal field of ``shape`` from torch's generator seeded with ``seed``."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g, dtype=torch.float64)
 
@@ -50,7 +33,7 @@ def compare_layer(
     sync: torch.nn.Module | None = None,
     device: str = "cpu",
 ) -> hpctp.DistTensor:
-    """Forward and backward of ``layer`` on this rank's block vs ``ref`` on the whole field.
+    """Collective over grid. Forward and backward of ``layer`` on this rank's block vs ``ref`` on the whole field.
 
     Checks the output block, the input gradient block and the parameter gradients summed
     over the grid (float64, rtol 1e-10), collectively: with ``hpctp.nn.sync_gradients(sync)``
