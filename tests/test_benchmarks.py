@@ -55,6 +55,10 @@ SMALL = {
         ["time ratio hpctp/numpy", "bytes sent per rank and step", "result check"],
     ),
     "io_read.py": (["--gib", "0.002", "--repeat", "1"], ["speed-up  :", "2 ranks   :"]),
+    "moves.py": (
+        ["--rows", "64", "--cols", "48", "--fft", "12", "--halo", "40", "--rounds", "1", "--no-heat"],
+        ["| redistribute |", "| rfftn |", "| halo |", "equals numpy-block redistribute: True"],
+    ),
 }
 
 
@@ -80,6 +84,10 @@ def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
     if script == "stencil.py":  # np.roll on DistTensors and the halo version equal numpy's np.roll
         checks = out.split("max |numpy| =")[1].split("\n")[0].replace(",", " ").split()
         assert float(checks[0]) < 1e-12 and float(checks[2]) < 1e-12, out[-2000:]
+    if script == "moves.py":  # the pool serves every buffer of the second call, numpy and torch blocks alike
+        for move in ("redistribute", "rfftn", "halo"):
+            row = next(line for line in out.splitlines() if line.startswith(f"| {move} |"))
+            assert row.endswith("numpy 0, torch 0 |"), row
     if script == "fno.py":  # only the truncated spectrum travels in forward, not the field
         ratio = float(out.split("forward / field =")[1].split()[0])
         assert ratio < 0.1, out[-2000:]
