@@ -12,12 +12,15 @@ the interior (zero-padded, no copy of the block) and the boundary strips receive
 correction from the halo alone; in backward the halo gradients of all layers are added
 straight into the input gradient buffer (:class:`~hpctp.nn._fetch.GradSink`), so a rank
 needs about the memory of torch on its block.
+
+Each op takes the layer's input as a :class:`~hpctp.nn._inputs.FieldInput` (block, global
+layout, grid; :func:`~hpctp.nn._inputs.field_input`) and its arguments as one
+:class:`~hpctp.nn.window_spec.WindowSpec`, and returns the result in the input's kind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -26,16 +29,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._util.ints import is_int
-from ..comm import ProcessGrid
 from ..halo.plan import fetch_plan
 from ..halo.run import FetchHandle, begin_fetch
-from ..layout import Layout, normalize_split
+from ..layout import Layout
 from ._fetch import Fetch, FetchStrips, GradSink, Slot
+from ._inputs import FieldInput
+from .window_spec import DimWindow, WindowSpec
 
-__all__ = ["AddInto", "Assemble", "Tie", "conv", "conv_transpose", "full_split", "ntuple", "pool", "windowed"]
+__all__ = ["AddInto", "Assemble", "Tie", "conv", "conv_transpose", "pool", "windowed"]
 
-_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "reflect", "replicate": "replicate"}
 Box = tuple[tuple[int, int], ...]
 Op = Callable[[torch.Tensor, tuple[slice, ...], tuple[int, ...]], torch.Tensor]
 
@@ -87,59 +89,33 @@ class AddInto(torch.autograd.Function):
         return (g, None, *[g[b] for b in ctx.boxes])
 
 
-def full_split(split: object, nd: int, grid_ndim: int) -> tuple[int | None, ...]:
-    """Local. ``(None, None, *spatial)`` from a spatial split (length ``nd``) or a full one."""
-    if split is None:
-        return (None, None) + tuple(i if i < grid_ndim else None for i in range(nd))
-    try:
-        items: tuple[Any, ...] = tuple(split)  # type: ignore[call-overload, arg-type]
-    except TypeError:
-        raise ValueError(f"split must be a sequence of grid axes (or None) per spatial dim, got {split!r}") from None
-    if len(items) == nd + 2:
-        if items[0] is not None or items[1] is not None:
-            raise ValueError(f"split={items}: batch and channel dims cannot be split by these layers")
-        items = items[2:]
-    if len(items) != nd:
-        raise ValueError(f"split={items} must have one entry per spatial dim ({nd}) or per dim ({nd + 2})")
-    return normalize_split((None, None) + items, nd + 2, grid_ndim)
-
-
-def ntuple(v: object, nd: int, name: str, minimum: int = 1) -> tuple[int, ...]:
-    """Local. An int or a length-``nd`` sequence of ints as a tuple (validated)."""
-    items = (v,) * nd if is_int(v) else tuple(v)  # type: ignore[arg-type]
-    if len(items) != nd or not all(is_int(i) for i in items):
-        raise ValueError(f"{name}={v!r} must be an int or {nd} ints")
-    if any(i < minimum for i in items):
-        raise ValueError(f"{name}={v!r} must be >= {minimum}")
-    return tuple(int(i) for i in items)
-
-
 def _ceil_div(a: int, b: int) -> int:
     return -((-a) // b)
 
 
 def windowed(
-    x: torch.Tensor,
-    layout: Layout,
-    grid: ProcessGrid,
-    specs: Sequence[tuple[int, int, int, int, int]],
-    boundary: Sequence[str],
-    fill: float,
+    field: FieldInput,
+    windows: Sequence[DimWindow],
+    boundary: str,
     channels: int,
     op: Op,
-    overlap: bool,
+    *,
+    fill: float,
     params: Sequence[torch.Tensor],
-    native_pad: bool = True,
+    overlap: bool,
     linear: tuple[Callable[[torch.Tensor], torch.Tensor], Op] | None = None,
 ) -> tuple[torch.Tensor, Layout]:
     """Collective over grid. Apply a strided window ``op`` to the global field.
 
-    ``specs[d] = (extent, stride, pad_lo, pad_hi, out_len)`` per spatial dim: window extent
-    in input cells (``dilation * (k - 1) + 1``), stride, padding and global output length.
-    ``op(inp, box, pad)`` applies the op with torch padding ``pad`` (per spatial dim) to an
-    input slab and returns the outputs of the local output ``box``. Dims that are whole on
-    every rank with zero boundary and symmetric padding (if ``native_pad``) are padded by
-    ``op`` itself; the others are fetched exactly (neighbours' data and boundary).
+    ``windows[d]`` is spatial dim ``d``'s window (extent in input cells, stride, padding,
+    global output length); ``boundary`` the condition outside the global field, ``fill``
+    the value of the padding cells fetched (``-inf`` for max pooling), ``channels`` the
+    output's. ``op(inp, box, pad)`` applies the op with torch padding ``pad`` (per spatial
+    dim) to an input slab and returns the outputs of the local output ``box``. Dims that are
+    whole on every rank with zero boundary and symmetric padding are padded by ``op`` itself;
+    the others are fetched exactly (neighbours' data and boundary). ``params`` are the op's
+    parameters (kept in the graph where a rank has no output). ``overlap``: compute the
+    interior while the halo is in flight.
 
     ``linear = (full_op, corr_op)`` for linear ops (convolutions): when every stride is 1,
     the padding symmetric and the output blocks equal the input blocks, the result is
@@ -147,23 +123,24 @@ def windowed(
     copy of the block) plus, on the boundary strips, ``corr_op`` applied to the fetched
     halo with the own block zeroed (added in place).
     """
-    nd = len(specs)
-    out_layout = Layout((layout.global_shape[0], channels, *(s[4] for s in specs)), grid.dims, layout.split)
-    native = [
-        native_pad and layout.parts(d + 2) == 1 and boundary[d] == "zero" and sp[2] == sp[3]
-        for d, sp in enumerate(specs)
-    ]
-    pad = tuple(sp[2] if nat else 0 for sp, nat in zip(specs, native))
+    x, layout, grid = field.block, field.global_layout, field.grid
+    nd = len(windows)
+    out_layout = Layout((layout.global_shape[0], channels, *(w.size for w in windows)), grid.dims, layout.split)
+    native = [layout.parts(d + 2) == 1 and boundary == "zero" and w.pad_lo == w.pad_hi for d, w in enumerate(windows)]
+    pad = tuple(w.pad_lo if nat else 0 for w, nat in zip(windows, native))
     wants: list[tuple[tuple[int, int], ...]] = [((0, layout.global_shape[0]),), ((0, layout.global_shape[1]),)]
-    for d, (ext, st, pl, _, _) in enumerate(specs):
+    for d, w in enumerate(windows):
         if native[d]:
             wants.append(((0, layout.global_shape[d + 2]),))
             continue
         oc = out_layout.dim_cuts[d + 2]
         wants.append(
-            tuple((o0 * st - pl, (o1 - 1) * st - pl + ext) if o1 > o0 else (0, 0) for o0, o1 in zip(oc[:-1], oc[1:]))
+            tuple(
+                (o0 * w.stride - w.pad_lo, (o1 - 1) * w.stride - w.pad_lo + w.extent) if o1 > o0 else (0, 0)
+                for o0, o1 in zip(oc[:-1], oc[1:])
+            )
         )
-    plan = fetch_plan(layout, grid.rank, tuple(wants), ("zero", "zero", *boundary))
+    plan = fetch_plan(layout, grid.rank, tuple(wants), ("zero", "zero", *(boundary,) * nd))
     out_shape = out_layout.local_shape(grid.coords)
     obox = out_layout.local_ranges(grid.coords)[2:]
     ibox = layout.local_ranges(grid.coords)[2:]
@@ -174,16 +151,19 @@ def windowed(
         return op(xin, _slices([(0, n) for n in out_shape[2:]]), pad), out_layout
     # interior: outputs whose whole window lies in this rank's own input block
     interior = []
-    for (ext, st, pl, _, _), (o0, o1), (a, b), nat in zip(specs, obox, ibox, native):
-        lo, hi = (o0, o1) if nat else (max(o0, _ceil_div(a + pl, st)), min(o1, (b - ext + pl) // st + 1))
+    for w, (o0, o1), (a, b), nat in zip(windows, obox, ibox, native):
+        if nat:
+            lo, hi = o0, o1
+        else:
+            lo, hi = max(o0, _ceil_div(a + w.pad_lo, w.stride)), min(o1, (b - w.extent + w.pad_lo) // w.stride + 1)
         interior.append((lo - o0, max(lo, hi) - o0))
     has_int = all(hi > lo for lo, hi in interior) and math.prod(out_shape) > 0
     strips = _onion([(0, n) for n in out_shape[2:]], interior if has_int else None)
 
     def in_slices(box: Box, origin: Sequence[int]) -> tuple[slice, ...]:
         sl = [slice(None), slice(None)]
-        for (q0, q1), (ext, st, _, _, _), org, nat in zip(box, specs, origin, native):
-            sl.append(slice(None) if nat else slice(q0 * st + org, (q1 - 1) * st + ext + org))
+        for (q0, q1), w, org, nat in zip(box, windows, origin, native):
+            sl.append(slice(None) if nat else slice(q0 * w.stride + org, (q1 - 1) * w.stride + w.extent + org))
         return tuple(sl)
 
     need = [in_slices(s, [0] * nd) for s in strips]
@@ -194,8 +174,8 @@ def windowed(
         and math.prod(out_shape) > 0
         and math.prod(x.shape) > 0
         and all(
-            sp[1] == 1 and sp[2] == sp[3] and out_layout.dim_cuts[d + 2] == layout.dim_cuts[d + 2]
-            for d, sp in enumerate(specs)
+            w.stride == 1 and w.pad_lo == w.pad_hi and out_layout.dim_cuts[d + 2] == layout.dim_cuts[d + 2]
+            for d, w in enumerate(windows)
         )
     ):
         own = (slice(None), slice(None)) + tuple(
@@ -216,7 +196,7 @@ def windowed(
     handle = begin_fetch(plan, grid.comm, x.detach(), None, fill, need)
     y_int = None
     if has_int:  # origin: x's first cell relative to the first wanted cell of the own outputs
-        origin = [o0 * st - pl - a for (_, st, pl, _, _), (o0, _), (a, _) in zip(specs, obox, ibox)]
+        origin = [o0 * w.stride - w.pad_lo - a for w, (o0, _), (a, _) in zip(windows, obox, ibox)]
         sl = in_slices(tuple(interior), origin)
         whole = all(s == slice(None) or (s.start == 0 and s.stop == n) for s, n in zip(sl, x.shape))
         with _complete_on_error(handle):
@@ -269,15 +249,10 @@ def _onion(full: list[tuple[int, int]], inner: list[tuple[int, int]] | None) -> 
     return out
 
 
-def _check_input(
-    x: torch.Tensor, layout: Layout, weight: torch.Tensor, bias: torch.Tensor | None, nd: int, groups: object,
-    transposed: bool,
-) -> None:  # fmt: skip
+def _check_weights(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec) -> None:
     """Everything torch would reject inside the op, checked before any message is posted
     (from global quantities, so every rank agrees)."""
-    if not is_int(groups) or groups < 1:
-        raise ValueError(f"groups must be an int >= 1, got {groups!r}")
-    groups = int(groups)
+    nd, groups, transposed = spec.nd, spec.groups, spec.kind == "conv_transpose"
     if weight.ndim != nd + 2:
         raise ValueError(f"weight must have {nd + 2} dims, got {weight.ndim}")
     if transposed:  # weight [in, out / groups, *k]
@@ -287,224 +262,98 @@ def _check_input(
     if weight.shape[0] % groups:
         what = "in_channels" if transposed else "out_channels"
         raise ValueError(f"weight dim 0 ({what}={weight.shape[0]}) is not divisible by groups={groups}")
+    layout = field.global_layout
     if layout.global_shape[1] != channels:
         raise ValueError(f"input has {layout.global_shape[1]} channels, the weight expects {channels}")
-    if x.dtype != weight.dtype:
-        raise ValueError(f"input dtype {x.dtype} differs from the weight dtype {weight.dtype}")
+    if field.block.dtype != weight.dtype:
+        raise ValueError(f"input dtype {field.block.dtype} differs from the weight dtype {weight.dtype}")
     if bias is not None and tuple(bias.shape) != (out_channels,):
         raise ValueError(
             f"bias must have shape ({out_channels},) for {out_channels} output channels, got {tuple(bias.shape)}"
         )
 
 
-def conv(
-    nd: int,
-    x: torch.Tensor,
-    layout: Layout,
-    grid: ProcessGrid,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: object,
-    padding: object,
-    dilation: object,
-    groups: int,
-    padding_mode: str,
-    overlap: bool,
-) -> tuple[torch.Tensor, Layout]:
-    """Collective over grid. Block of the global ``convNd`` and the output layout."""
-    if padding_mode not in _MODES:
-        raise ValueError(f"padding_mode must be one of {sorted(_MODES)}, got {padding_mode!r}")
-    _check_input(x, layout, weight, bias, nd, groups, transposed=False)
-    k = tuple(int(v) for v in weight.shape[2:])
-    s, dil = ntuple(stride, nd, "stride"), ntuple(dilation, nd, "dilation")
-    if isinstance(padding, str):
-        if padding == "valid":
-            pads = [(0, 0)] * nd
-        elif padding == "same":
-            if any(v != 1 for v in s):
-                raise ValueError("padding='same' is not supported for strided convolutions")
-            pads = [(t // 2, t - t // 2) for t in (dd * (kk - 1) for dd, kk in zip(dil, k))]
-        else:
-            raise ValueError(f"padding must be 'same', 'valid', an int or ints, got {padding!r}")
-    else:
-        pads = [(p, p) for p in ntuple(padding, nd, "padding", 0)]
-    specs = []
-    for d in range(nd):
-        _check_padding_mode(padding_mode, pads[d], layout.global_shape[d + 2], d)
-        ext = dil[d] * (k[d] - 1) + 1
-        n = layout.global_shape[d + 2] + pads[d][0] + pads[d][1] - ext
-        if n < 0:
-            raise ValueError(
-                f"spatial dim {d}: input size {layout.global_shape[d + 2]} (padded) is smaller than the kernel extent {ext}"
-            )
-        specs.append((ext, s[d], pads[d][0], pads[d][1], n // s[d] + 1))
-    fn = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+def conv(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec, overlap: bool) -> Any:
+    """Collective over grid. This rank's block of the global ``convNd`` of ``spec``, in the input's kind."""
+    _check_weights(field, weight, bias, spec)
+    windows = spec.windows(field.global_layout.global_shape[2:], weight.shape[2:])
+    fn = (F.conv1d, F.conv2d, F.conv3d)[spec.nd - 1]
+    s, dil, groups = spec.stride, spec.dilation, spec.groups
 
     def op(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
         return fn(inp, weight, bias, s, pad, dil, groups)
 
     def full_op(inp: torch.Tensor) -> torch.Tensor:
-        return fn(inp, weight, bias, 1, tuple(p[0] for p in pads), dil, groups)
+        return fn(inp, weight, bias, 1, tuple(w.pad_lo for w in windows), dil, groups)
 
     def corr_op(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
         return fn(inp, weight, None, 1, pad, dil, groups)
 
     params = [weight] + ([bias] if bias is not None else [])
-    return windowed(
-        x,
-        layout,
-        grid,
-        specs,
-        [_MODES[padding_mode]] * nd,
-        0.0,
-        weight.shape[0],
-        op,
-        overlap,
-        params,
-        linear=(full_op, corr_op),
-    )
+    y, out_layout = windowed(
+        field, windows, spec.boundary, weight.shape[0], op,
+        fill=0.0, params=params, overlap=overlap, linear=(full_op, corr_op),
+    )  # fmt: skip
+    return field.wrap(y, out_layout)
 
 
-def pool(
-    nd: int,
-    kind: str,
-    x: torch.Tensor,
-    layout: Layout,
-    grid: ProcessGrid,
-    kernel_size: object,
-    stride: object,
-    padding: object,
-    dilation: object,
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: int | None,
-    overlap: bool,
-) -> tuple[torch.Tensor, Layout]:
-    """Collective over grid. Block of the global max/avg pooling and the output layout."""
-    k = ntuple(kernel_size, nd, "kernel_size")
-    s = k if stride is None or (not is_int(stride) and len(stride) == 0) else ntuple(stride, nd, "stride")  # type: ignore[arg-type]
-    p, dil = ntuple(padding, nd, "padding", 0), ntuple(dilation, nd, "dilation")
-    specs = []
-    for d in range(nd):
-        ext = dil[d] * (k[d] - 1) + 1
-        if 2 * p[d] > k[d]:  # as torch: half the kernel size, dilation or not
-            raise ValueError(f"pad should be at most half of the kernel size, got padding={p}, kernel_size={k}")
-        n = layout.global_shape[d + 2]
-        if kind == "avg" and nd == 3 and n < k[d]:  # torch's avg_pool3d rule (padding not counted)
-            raise ValueError(
-                f"spatial dim {d}: input size {n} is smaller than kernel_size {k[d]} (as torch's avg_pool3d)"
-            )
-        num = n + 2 * p[d] - ext + (s[d] - 1 if ceil_mode else 0)
-        if num < 0:
-            raise ValueError(f"spatial dim {d}: input size {n} is too small for pooling with kernel extent {ext}")
-        out = num // s[d] + 1
-        if ceil_mode and (out - 1) * s[d] >= n + p[d]:
-            out -= 1
-        if kind == "max" and (empty := _padding_only_window(n, k[d], s[d], p[d], dil[d], out)) is not None:
-            raise ValueError(
-                f"spatial dim {d}: max-pooling window {empty} covers only padding (input size {n}, kernel_size "
-                f"{k[d]}, stride {s[d]}, padding {p[d]}, dilation {dil[d]}); torch gives -inf there and its "
-                f"backward writes out of bounds. Use less padding or dilation"
-            )
-        specs.append((ext, s[d], p[d], p[d], out))
-    if kind == "max":
-        fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
+def pool(field: FieldInput, spec: WindowSpec, overlap: bool) -> Any:
+    """Collective over grid. This rank's block of the global max/avg pooling of ``spec``, in the input's kind."""
+    layout, grid = field.global_layout, field.grid
+    windows = spec.windows(layout.global_shape[2:])
+    k, s, ceil_mode = spec.kernel, spec.stride, spec.ceil_mode
+    if spec.kind == "max":
+        fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[spec.nd - 1]
+        dil = spec.dilation
 
         def op(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
             return fn(inp, k, s, pad, dil, ceil_mode)
 
-        return windowed(x, layout, grid, specs, ["zero"] * nd, float("-inf"), layout.global_shape[1], op, overlap, [])
-    if nd == 1:
-        raise ValueError("avg pooling is provided for 2-D and 3-D fields")
-    afn = (None, F.avg_pool2d, F.avg_pool3d)[nd - 1]
-    if divisor_override is not None:
-        if not is_int(divisor_override) or divisor_override == 0:
-            raise ValueError(f"divisor_override must be a non-zero int or None, got {divisor_override!r}")
-        divisor_override = int(divisor_override)
-
-        def aop(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
-            return afn(inp, k, s, pad, ceil_mode, True, divisor_override)  # type: ignore[misc]
+        fill = float("-inf")
     else:
-        out_layout = Layout((1, 1, *(sp[4] for sp in specs)), grid.dims, layout.split)
-        div = _divisor(
-            specs, k, out_layout.local_ranges(grid.coords)[2:], layout.global_shape[2:], count_include_pad, x
-        )
+        afn = (F.avg_pool2d, F.avg_pool3d)[spec.nd - 2]
+        div = spec.divisor_override
+        if div is not None:
 
-        def aop(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
-            return afn(inp, k, s, pad, ceil_mode, True, 1) / div[(slice(None), slice(None), *box)]  # type: ignore[misc]
+            def op(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
+                return afn(inp, k, s, pad, ceil_mode, True, div)
 
-    return windowed(x, layout, grid, specs, ["zero"] * nd, 0.0, layout.global_shape[1], aop, overlap, [])
+        else:  # torch's divisors of the own output block
+            obox = Layout((1, 1, *(w.size for w in windows)), grid.dims, layout.split).local_ranges(grid.coords)[2:]
+            divisor = _divisor(spec, windows, obox, layout.global_shape[2:], field.block)
 
+            def op(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
+                return afn(inp, k, s, pad, ceil_mode, True, 1) / divisor[(slice(None), slice(None), *box)]
 
-def _check_padding_mode(mode: str, pad: tuple[int, int], n: int, d: int) -> None:
-    """torch's limits for padded convolutions: a reflection needs padding < size, a wrap padding <= size.
-
-    (:func:`~hpctp.nn.functional.halo_pad` goes beyond them, as ``numpy.pad``; the layers agree with torch.)
-    """
-    p = max(pad)
-    if (mode == "reflect" and 0 < p and p >= n) or (mode == "circular" and p > n):
-        need = "smaller than" if mode == "reflect" else "at most"
-        raise ValueError(
-            f"padding_mode={mode!r}: padding {pad} of spatial dim {d} must be {need} its size {n} (as in torch); "
-            f"use less padding or padding_mode='zeros'/'replicate'"
-        )
-
-
-@functools.lru_cache(maxsize=256)
-def _padding_only_window(n: int, k: int, s: int, p: int, dil: int, out: int) -> int | None:
-    """Index of the first of ``out`` pooling windows without an input cell (None if all have one)."""
-    pos = (np.arange(out) * s - p)[:, None] + np.arange(k) * dil
-    empty = np.flatnonzero(~((pos >= 0) & (pos < n)).any(axis=1))
-    return int(empty[0]) if empty.size else None
+        fill = 0.0
+    y, out_layout = windowed(field, windows, "zero", layout.global_shape[1], op, fill=fill, params=[], overlap=overlap)
+    return field.wrap(y, out_layout)
 
 
 def _divisor(
-    specs: Sequence[tuple[int, int, int, int, int]],
-    k: Sequence[int],
-    obox: Box,
-    sizes: Sequence[int],
-    count_include_pad: bool,
-    like: torch.Tensor,
+    spec: WindowSpec, windows: Sequence[DimWindow], obox: Box, sizes: Sequence[int], like: torch.Tensor
 ) -> torch.Tensor:
     """Per-output-cell divisor of average pooling (torch's rule, incl. ceil_mode windows)."""
-    div = torch.ones((1, 1) + (1,) * len(specs), dtype=like.dtype)
-    for d, ((_, st, pl, _, _), kk, (o0, o1), n) in enumerate(zip(specs, k, obox, sizes)):
-        start = np.arange(o0, o1) * st - pl
-        end = np.minimum(start + kk, n + pl)
-        cnt = end - start if count_include_pad else np.minimum(end, n) - np.maximum(start, 0)
-        shape = [1] * (len(specs) + 2)
+    nd = len(windows)
+    div = torch.ones((1, 1) + (1,) * nd, dtype=like.dtype)
+    for d, (w, kk, (o0, o1), n) in enumerate(zip(windows, spec.kernel, obox, sizes)):
+        start = np.arange(o0, o1) * w.stride - w.pad_lo
+        end = np.minimum(start + kk, n + w.pad_lo)
+        cnt = end - start if spec.count_include_pad else np.minimum(end, n) - np.maximum(start, 0)
+        shape = [1] * (nd + 2)
         shape[d + 2] = o1 - o0
         div = div * torch.from_numpy(cnt.astype(np.float64)).to(like.dtype).reshape(shape)
     return div.to(like.device)
 
 
-def conv_transpose(
-    nd: int,
-    x: torch.Tensor,
-    layout: Layout,
-    grid: ProcessGrid,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: object,
-    padding: object,
-    output_padding: object,
-    groups: int,
-    dilation: object,
-) -> tuple[torch.Tensor, Layout]:
-    """Collective over grid. Block of the global ``conv_transposeNd`` and the output layout."""
-    _check_input(x, layout, weight, bias, nd, groups, transposed=True)
+def conv_transpose(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec) -> Any:
+    """Collective over grid. This rank's block of the global ``conv_transposeNd`` of ``spec``, in the input's kind."""
+    _check_weights(field, weight, bias, spec)
+    x, layout, grid, nd = field.block, field.global_layout, field.grid, spec.nd
     k = tuple(int(v) for v in weight.shape[2:])
-    s, dil = ntuple(stride, nd, "stride"), ntuple(dilation, nd, "dilation")
-    p, opad = ntuple(padding, nd, "padding", 0), ntuple(output_padding, nd, "output_padding", 0)
-    if any(o >= max(a, b) for o, a, b in zip(opad, s, dil)):
-        raise ValueError(f"output_padding={opad} must be smaller than stride {s} or dilation {dil}")
-    lens = []
-    for d in range(nd):
-        n = (layout.global_shape[d + 2] - 1) * s[d] - 2 * p[d] + dil[d] * (k[d] - 1) + opad[d] + 1
-        if n < 1:
-            raise ValueError(f"spatial dim {d}: the transposed convolution output size {n} is < 1")
-        lens.append(n)
-    out_layout = Layout((layout.global_shape[0], weight.shape[1] * groups, *lens), grid.dims, layout.split)
+    s, p, dil = spec.stride, spec.padding, spec.dilation
+    lens = spec.transposed_sizes(layout.global_shape[2:], k)
+    out_layout = Layout((layout.global_shape[0], weight.shape[1] * spec.groups, *lens), grid.dims, layout.split)
     wants: list[tuple[tuple[int, int], ...]] = [((0, layout.global_shape[0]),), ((0, layout.global_shape[1]),)]
     for d in range(nd):
         oc, ext = out_layout.dim_cuts[d + 2], dil[d] * (k[d] - 1)
@@ -521,9 +370,9 @@ def conv_transpose(
         y = x.new_zeros(out_shape)
         if bias is not None and math.prod(out_shape) > 0:
             y = y + bias.reshape((1, -1) + (1,) * nd)
-        return Tie.apply(y, xin, *params), out_layout
+        return field.wrap(Tie.apply(y, xin, *params), out_layout)
     fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
-    z = fn(xin, weight, None, s, 0, 0, groups, dil)
+    z = fn(xin, weight, None, s, 0, 0, spec.groups, dil)
     pad: list[int] = []
     for d in reversed(range(nd)):  # F.pad wants the last dim first; negative amounts crop
         o0, o1 = out_layout.local_ranges(grid.coords)[d + 2]
@@ -532,4 +381,4 @@ def conv_transpose(
     y = F.pad(z, pad)
     if bias is not None:
         y = y + bias.reshape((1, -1) + (1,) * nd)
-    return y, out_layout
+    return field.wrap(y, out_layout)

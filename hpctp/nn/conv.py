@@ -17,8 +17,9 @@ import torch
 from .. import comm as C
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from . import functional as HF
-from ._window import full_split
+from . import _window as W
+from ._inputs import field_input, full_split
+from .window_spec import WindowSpec
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "init_replicated"]
 
@@ -46,24 +47,35 @@ def init_replicated(module: torch.nn.Module, init: Callable[[], None], grid: Pro
 
 
 class _Spatial:
-    """Attributes shared by the partitioned layers."""
+    """Attributes shared by the partitioned layers; the window layers (conv, transposed conv,
+    pooling) keep their :class:`~hpctp.nn.window_spec.WindowSpec`, built once in ``__init__``
+    (validated before any message), which ``forward`` hands to the window engine."""
 
     grid: ProcessGrid
     split: tuple[int | None, ...]
     overlap: bool
+    _nd: int
+    _window: WindowSpec
 
-    def _setup(self, grid: ProcessGrid, split: Sequence[int | None] | None, nd: int, overlap: bool) -> None:
+    def _setup(
+        self, grid: ProcessGrid, split: Sequence[int | None] | None, nd: int, overlap: bool,
+        window: WindowSpec | None = None,
+    ) -> None:  # fmt: skip
         self.grid = grid
         self.split = full_split(split, nd, grid.ndim)[2:]
         self.overlap = bool(overlap)
+        if window is not None:
+            self._window = window
 
     def _grid_repr(self) -> str:
         return f", grid={self.grid.dims}, split={self.split}"
 
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+
 
 class _ConvMixin(_Spatial):
     _nd = 2
-    _fn: Callable[..., Any]
 
     def __init__(
         self,
@@ -86,6 +98,7 @@ class _ConvMixin(_Spatial):
     ) -> None:
         grid = check_grid(grid)
         full_split(split, self._nd, grid.ndim)  # validate before any communication
+        window = WindowSpec.conv(self._nd, stride, padding, dilation, groups, padding_mode)
 
         def init() -> None:
             super(_ConvMixin, self).__init__(
@@ -103,32 +116,16 @@ class _ConvMixin(_Spatial):
             )
 
         init_replicated(self, init, grid, seed)  # type: ignore[arg-type]
-        self._setup(grid, split, self._nd, overlap)
+        self._setup(grid, split, self._nd, overlap, window)
 
     def forward(self, x: Any) -> Any:
         """Collective over grid. This rank's output block (see the class docstring)."""
         m: Any = self
-        return type(self)._fn(
-            x,
-            m.weight,
-            m.bias,
-            m.stride,
-            m.padding,
-            m.dilation,
-            m.groups,
-            grid=self.grid,
-            split=self.split,
-            padding_mode=m.padding_mode,
-            overlap=self.overlap,
-        )
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+        return W.conv(field_input(x, self.grid, self.split, self._nd), m.weight, m.bias, self._window, self.overlap)
 
 
 class _ConvTMixin(_Spatial):
     _nd = 2
-    _fn: Callable[..., Any]
 
     def __init__(
         self,
@@ -150,7 +147,8 @@ class _ConvTMixin(_Spatial):
         seed: int | None = None,
     ) -> None:
         grid = check_grid(grid)
-        full_split(split, self._nd, grid.ndim)
+        full_split(split, self._nd, grid.ndim)  # validate before any communication
+        window = WindowSpec.conv_transpose(self._nd, stride, padding, output_padding, groups, dilation)
 
         def init() -> None:
             super(_ConvTMixin, self).__init__(
@@ -169,28 +167,14 @@ class _ConvTMixin(_Spatial):
             )
 
         init_replicated(self, init, grid, seed)  # type: ignore[arg-type]
-        self._setup(grid, split, self._nd, False)
+        self._setup(grid, split, self._nd, False, window)
 
     def forward(self, x: Any, output_size: Any = None) -> Any:
         """Collective over grid. This rank's output block (``output_size`` is not supported)."""
         if output_size is not None:
             raise ValueError("output_size is not supported by partitioned transposed convs; use output_padding")
         m: Any = self
-        return type(self)._fn(
-            x,
-            m.weight,
-            m.bias,
-            m.stride,
-            m.padding,
-            m.output_padding,
-            m.groups,
-            m.dilation,
-            grid=self.grid,
-            split=self.split,
-        )
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+        return W.conv_transpose(field_input(x, self.grid, self.split, self._nd), m.weight, m.bias, self._window)
 
 
 _DOC = """Collective over grid. ``torch.nn.{name}`` on a field cut over ``grid`` along its spatial dims.
@@ -229,29 +213,29 @@ _NOSIZE = "``forward(x, output_size)`` is not supported."
 
 class Conv1d(_ConvMixin, torch.nn.Conv1d):
     __doc__ = _DOC.format(name="Conv1d", extra=_MODES, overlap=_OVERLAP)
-    _nd, _fn = 1, staticmethod(HF.conv1d)
+    _nd = 1
 
 
 class Conv2d(_ConvMixin, torch.nn.Conv2d):
     __doc__ = _DOC.format(name="Conv2d", extra=_MODES, overlap=_OVERLAP)
-    _nd, _fn = 2, staticmethod(HF.conv2d)
+    _nd = 2
 
 
 class Conv3d(_ConvMixin, torch.nn.Conv3d):
     __doc__ = _DOC.format(name="Conv3d", extra=_MODES, overlap=_OVERLAP)
-    _nd, _fn = 3, staticmethod(HF.conv3d)
+    _nd = 3
 
 
 class ConvTranspose1d(_ConvTMixin, torch.nn.ConvTranspose1d):
     __doc__ = _DOC.format(name="ConvTranspose1d", extra=_NOSIZE, overlap="")
-    _nd, _fn = 1, staticmethod(HF.conv_transpose1d)
+    _nd = 1
 
 
 class ConvTranspose2d(_ConvTMixin, torch.nn.ConvTranspose2d):
     __doc__ = _DOC.format(name="ConvTranspose2d", extra=_NOSIZE, overlap="")
-    _nd, _fn = 2, staticmethod(HF.conv_transpose2d)
+    _nd = 2
 
 
 class ConvTranspose3d(_ConvTMixin, torch.nn.ConvTranspose3d):
     __doc__ = _DOC.format(name="ConvTranspose3d", extra=_NOSIZE, overlap="")
-    _nd, _fn = 3, staticmethod(HF.conv_transpose3d)
+    _nd = 3

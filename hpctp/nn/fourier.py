@@ -29,8 +29,7 @@ from ..comm import ProcessGrid, check_grid
 from ..layout import Layout
 from ..ops.autograd import allreduce_sum, sum_gradients
 from ._dft import check_modes, forward_matrix, inverse_matrix, kept_modes
-from ._inputs import finish as _finish
-from ._inputs import prepare as _prepare
+from ._inputs import field_input
 
 __all__ = ["spectral_conv", "spectral_conv_fft"]
 
@@ -187,7 +186,8 @@ def spectral_conv(
     check_grid(grid)
     nd = _check_weight(weight)
     modes = _modes_of(weight)
-    local, lay, wrapped = _prepare(x, grid, split, nd, layout)
+    field = field_input(x, grid, split, nd, layout)
+    local, lay = field.block, field.global_layout
     _check_input(lay.global_shape, local.dtype, weight, modes)
     spatial = lay.global_shape[2:]
     ranges = lay.local_ranges(grid.coords)[2:]
@@ -207,4 +207,4 @@ def spectral_conv(
         y = _along(y, 2 + i, inverse_matrix(spatial[i], *ranges[i], modes[i], False, real, dev))
     out = _real_part_along(y, 1 + nd, inverse_matrix(spatial[last], *ranges[last], modes[last], True, real, dev))
     shape = (lay.global_shape[0], int(weight.shape[1])) + tuple(spatial)
-    return _finish(out, Layout(shape, lay.grid_dims, lay.split, lay.cuts), grid, wrapped)
+    return field.wrap(out, Layout(shape, lay.grid_dims, lay.split, lay.cuts))

@@ -25,12 +25,9 @@ from .. import comm as C
 from ..comm import ProcessGrid
 from ..halo.plan import fetch_plan, halo_wants, normalize_boundary, normalize_widths
 from ..layout import Layout, normalize_split
-from ..tensor.infer import infer_layout
 from . import _window as W
 from ._fetch import Fetch
-from ._inputs import finish as _finish
-from ._inputs import prepare as _prepare
-from ._inputs import resolve_layout as _resolve_layout
+from ._inputs import field_input, full_split, resolve_layout
 from .fourier import spectral_conv, spectral_conv_fft
 from .spatial import (
     avg_pool2d,
@@ -41,6 +38,7 @@ from .spatial import (
     max_pool2d,
     max_pool3d,
 )
+from .window_spec import WindowSpec
 
 __all__ = [
     "avg_pool2d",
@@ -131,32 +129,12 @@ def halo_pad(
         dtype=str(getattr(x, "dtype", None)),  # (devices differ: one GPU per rank)
     )  # fmt: skip
     # (the layout's split is sp: inferred with it, or checked against it)
-    lay = infer_layout(tuple(x.shape), grid, sp) if layout is None else _resolve_layout(x, grid, sp, layout)
+    lay = resolve_layout(tuple(x.shape), grid, sp, layout)
     plan = fetch_plan(lay, grid.rank, halo_wants(lay, widths), bnd, stencil)
     return Fetch.apply(x, plan, grid.comm, 0.0)
 
 
 # --------------------------------------------------------------------------- window ops
-def _conv(
-    nd: int,
-    x: Any,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: object,
-    padding: object,
-    dilation: object,
-    groups: int,
-    grid: ProcessGrid,
-    split: object,
-    padding_mode: str,
-    layout: Layout | None,
-    overlap: bool,
-) -> Any:
-    local, lay, wrapped = _prepare(x, grid, split, nd, layout)
-    y, out_layout = W.conv(nd, local, lay, grid, weight, bias, stride, padding, dilation, groups, padding_mode, overlap)
-    return _finish(y, out_layout, grid, wrapped)
-
-
 def conv1d(
     x: Any,
     weight: torch.Tensor,
@@ -173,7 +151,8 @@ def conv1d(
     overlap: bool = True,
 ) -> Any:
     """Collective over grid. Spatially partitioned ``torch.nn.functional.conv1d``; see :func:`conv2d`."""
-    return _conv(1, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
+    spec = WindowSpec.conv(1, stride, padding, dilation, groups, padding_mode)
+    return W.conv(field_input(x, grid, split, 1, layout), weight, bias, spec, overlap)
 
 
 def conv2d(
@@ -228,7 +207,8 @@ def conv2d(
         On every rank: wrong dims, split or channels, an output size < 1, or padding
         beyond torch's limits for ``padding_mode`` ("reflect": < size, "circular": <= size).
     """
-    return _conv(2, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
+    spec = WindowSpec.conv(2, stride, padding, dilation, groups, padding_mode)
+    return W.conv(field_input(x, grid, split, 2, layout), weight, bias, spec, overlap)
 
 
 def conv3d(
@@ -247,7 +227,8 @@ def conv3d(
     overlap: bool = True,
 ) -> Any:
     """Collective over grid. Spatially partitioned ``torch.nn.functional.conv3d``; see :func:`conv2d`."""
-    return _conv(3, x, weight, bias, stride, padding, dilation, groups, grid, split, padding_mode, layout, overlap)
+    spec = WindowSpec.conv(3, stride, padding, dilation, groups, padding_mode)
+    return W.conv(field_input(x, grid, split, 3, layout), weight, bias, spec, overlap)
 
 
 def spatial_split(split: Sequence[int | None] | None, nd: int, grid: ProcessGrid) -> tuple[int | None, ...]:
@@ -255,4 +236,4 @@ def spatial_split(split: Sequence[int | None] | None, nd: int, grid: ProcessGrid
 
     ``None`` means spatial dim ``i`` over grid axis ``i`` for the grid's axes.
     """
-    return W.full_split(split, nd, grid.ndim)
+    return full_split(split, nd, grid.ndim)

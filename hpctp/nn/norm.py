@@ -13,18 +13,15 @@ rank's partial sums; :func:`hpctp.nn.sync_gradients` adds them up.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .. import comm as C
-from .._util.ints import is_int
 from ..comm import ProcessGrid
 from ..ops.autograd import Comms, check_grid, comms_for_axes, reduce_sum_
-from ..tensor.core import DistTensor
-from ..tensor.infer import infer_layout
-from ._window import full_split
+from ._inputs import field_axes, field_input, split_items
 
 __all__ = [
     "BatchNorm1d",
@@ -34,92 +31,7 @@ __all__ = [
     "global_moments",
     "normalize",
     "field_axes",
-    "unwrap_block",
 ]
-
-
-def field_axes(grid: ProcessGrid, split: object, n_spatial: int) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
-    """Local. Validate a spatial ``split`` and return it with the grid axes it uses.
-
-    Parameters
-    ----------
-    grid : ProcessGrid
-    split : sequence of (int or None) or None
-        Grid axis per spatial dim (None entry: the dim is whole on every rank), or per dim
-        of the block ``(None, None, *spatial)``. None: spatial dim ``i`` over grid axis
-        ``i`` (as far as the grid has axes), like the conv layers.
-    n_spatial : int
-        Number of spatial dims.
-
-    Returns
-    -------
-    (split, axes)
-        The spatial split (length ``n_spatial``) and the sorted grid axes it uses. Ranks
-        along grid axes not in ``axes`` must hold replicas of the same block.
-
-    Raises
-    ------
-    ValueError, TypeError
-        On an invalid split.
-    """
-    if is_int(split):
-        split = (int(split),)
-    if split is not None:
-        try:
-            split = tuple(split)  # type: ignore[call-overload, arg-type]
-        except TypeError:
-            raise TypeError(f"split must be a sequence of grid axes (or None), got {split!r}") from None
-    sp = full_split(split, n_spatial, grid.ndim)[2:]
-    return sp, tuple(sorted(g for g in sp if g is not None))
-
-
-def unwrap_block(x: Any, grid: ProcessGrid, split: object = ...) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """Local. The torch block of ``x`` and a function giving the result the same kind.
-
-    A plain tensor is returned as is (identity wrap); a :class:`~hpctp.DistTensor` yields
-    its local block, and the wrap builds a DistTensor with the same layout.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` is neither a tensor nor a DistTensor with a torch block.
-    ValueError
-        If the DistTensor lives on a grid of other dims, or (when the layer's spatial
-        ``split`` is given, as for :func:`field_axes`) its layout splits other dims.
-    """
-    if isinstance(x, torch.Tensor):
-        return x, lambda y: y
-    if isinstance(x, DistTensor):
-        if not isinstance(x.local, torch.Tensor):
-            raise TypeError("DistTensor inputs of nn layers need a torch local block (use .to('torch'))")
-        if x.grid.dims != grid.dims:
-            raise ValueError(f"input lives on grid dims {x.grid.dims}, the layer on {grid.dims}")
-        if split is not ...:
-            want = (None, None) + field_axes(grid, split, x.ndim - 2)[0]
-            if x.layout.split != want:
-                raise ValueError(
-                    f"input split {x.layout.split} differs from the layer's split {want}; "
-                    f"call x.redistribute({want}) first"
-                )
-        layout = x.layout
-        return x.local, lambda y: DistTensor(y, x.grid, layout)
-    raise TypeError(f"input must be a torch.Tensor block or a DistTensor, got {type(x).__name__}")
-
-
-def _agree_on_blocks(
-    x: Any, block: torch.Tensor | None, grid: ProcessGrid, split: tuple[int | None, ...] | None,
-    error: Exception | None,
-) -> None:  # fmt: skip
-    """Collective over grid. Raise ``error`` (a failed local check) on every rank; then, for a plain
-    block (a DistTensor's layout is known to tile), check that the blocks tile one global field
-    ``[N, C, *spatial]`` split as ``split``: same batch size and channels everywhere, spatial sizes
-    agreeing along the grid. Statistics of blocks that do not tile would be silently wrong, or
-    (GroupNorm, per-sample statistics) their messages would not match."""
-    if isinstance(x, DistTensor):
-        C.raise_if_any(grid.comm, error)
-    else:  # one Allgather carries both (``split`` is None only on a rank whose ``error`` is set)
-        shape = tuple(block.shape) if block is not None and error is None else ()
-        infer_layout(shape, grid, (None, None) + tuple(split or ()), error)
 
 
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -297,23 +209,16 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             value per channel.
         """
         use_batch = self.training or self.running_mean is None
-        error: Exception | None = None
-        try:
-            block, wrap = unwrap_block(x, self.grid, self.split)
-            self._check_input_dim(block)
-        except (TypeError, ValueError) as e:
-            error = e
-        if use_batch:  # agree before the statistics messages: a bad block on one rank raises everywhere
-            _agree_on_blocks(x, block if error is None else None, self.grid, self.split, error)
-        elif error is not None:  # eval with running statistics: purely local
-            raise error
-        x = block
+        # statistics need every rank: a bad block on one rank raises everywhere; eval with running
+        # statistics is purely local
+        field = field_input(x, self.grid, self.split, self._spatial, check=self._check_input_dim, collective=use_batch)
+        x = field.block
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         if not use_batch:
-            return wrap(
+            return field.wrap(
                 torch.nn.functional.batch_norm(
                     x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
                 )
@@ -334,7 +239,7 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         xhat = _Normalize.apply(x, mean, torch.rsqrt(var + self.eps), count, dims, self._comms)
         if self.weight is not None:  # in x's dtype, as torch (bf16 input, float32 parameters: bf16)
             xhat = (xhat * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())).to(x.dtype)
-        return wrap(xhat)
+        return field.wrap(xhat)
 
     def extra_repr(self) -> str:
         """Local. Extra text for ``repr``."""
@@ -457,10 +362,9 @@ class GroupNorm(torch.nn.GroupNorm):
         split: Sequence[int | None] | None = None,
     ) -> None:
         check_grid(grid)
-        if is_int(split):
-            split = (int(split),)
+        split = split_items(split)
         if split is not None:
-            field_axes(grid, split, len(tuple(split)))  # validate axes now; dims are known in forward
+            field_axes(grid, split, len(split))  # validate axes now; dims are known in forward
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
         self.grid = grid
         self.split = split
@@ -483,16 +387,8 @@ class GroupNorm(torch.nn.GroupNorm):
         ValueError
             On a wrong number of dims or channels, or a split that does not fit the block.
         """
-        error: Exception | None = None
-        x_in = x
-        try:
-            x, wrap = unwrap_block(x, self.grid, self.split)
-            if x.dim() < 3 or x.shape[1] != self.num_channels:
-                raise ValueError(f"expected a block [N, {self.num_channels}, *spatial], got shape {tuple(x.shape)}")
-            sp, axes = field_axes(self.grid, self.split, x.dim() - 2)
-        except (TypeError, ValueError) as e:
-            error = e
-        _agree_on_blocks(x_in, None if error else x, self.grid, None if error else sp, error)
+        field = field_input(x, self.grid, self.split, None, check=self._check_block)
+        x, axes = field.block, field.axes
         n, c = x.shape[0], x.shape[1]
         g = self.num_groups
         if n == 0:  # no sample, no group to normalise (torch returns the empty block)
@@ -504,7 +400,11 @@ class GroupNorm(torch.nn.GroupNorm):
             y = y.reshape(x.shape)
         if self.weight is not None:  # in x's dtype, as torch
             y = (y * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())).to(x.dtype)
-        return wrap(y)
+        return field.wrap(y)
+
+    def _check_block(self, x: torch.Tensor) -> None:
+        if x.dim() < 3 or x.shape[1] != self.num_channels:
+            raise ValueError(f"expected a block [N, {self.num_channels}, *spatial], got shape {tuple(x.shape)}")
 
     def extra_repr(self) -> str:
         """Local. Extra text for ``repr``."""

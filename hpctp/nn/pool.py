@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..comm import check_grid
-from . import functional as HF
-from ._window import full_split
+from . import _window as W
+from ._inputs import field_input, full_split
 from .conv import _Spatial
+from .window_spec import WindowSpec
 
 __all__ = ["AvgPool2d", "AvgPool3d", "MaxPool2d", "MaxPool3d"]
 
@@ -38,9 +39,14 @@ _DOC = """Collective over grid. ``torch.nn.{name}`` on a field cut over ``grid``
     """
 
 
-class _MaxMixin(_Spatial):
+class _PoolMixin(_Spatial):
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. This rank's output block."""
+        return W.pool(field_input(x, self.grid, self.split, self._nd), self._window, self.overlap)
+
+
+class _MaxMixin(_PoolMixin):
     _nd = 2
-    _fn: Callable[..., Any]
 
     def __init__(
         self,
@@ -59,31 +65,13 @@ class _MaxMixin(_Spatial):
         full_split(split, self._nd, grid.ndim)
         if return_indices:
             raise ValueError("return_indices=True is not supported by partitioned max pooling")
+        window = WindowSpec.max_pool(self._nd, kernel_size, stride, padding, dilation, ceil_mode)
         super().__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)  # type: ignore[call-arg]
-        self._setup(grid, split, self._nd, overlap)
-
-    def forward(self, x: Any) -> Any:
-        """Collective over grid. This rank's output block."""
-        m: Any = self
-        return type(self)._fn(
-            x,
-            m.kernel_size,
-            m.stride,
-            m.padding,
-            m.dilation,
-            m.ceil_mode,
-            grid=self.grid,
-            split=self.split,
-            overlap=self.overlap,
-        )
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+        self._setup(grid, split, self._nd, overlap, window)
 
 
-class _AvgMixin(_Spatial):
+class _AvgMixin(_PoolMixin):
     _nd = 2
-    _fn: Callable[..., Any]
 
     def __init__(
         self,
@@ -100,44 +88,28 @@ class _AvgMixin(_Spatial):
     ) -> None:
         grid = check_grid(grid)
         full_split(split, self._nd, grid.ndim)
-        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)  # type: ignore[call-arg]
-        self._setup(grid, split, self._nd, overlap)
-
-    def forward(self, x: Any) -> Any:
-        """Collective over grid. This rank's output block."""
-        m: Any = self
-        return type(self)._fn(
-            x,
-            m.kernel_size,
-            m.stride,
-            m.padding,
-            m.ceil_mode,
-            m.count_include_pad,
-            m.divisor_override,
-            grid=self.grid,
-            split=self.split,
-            overlap=self.overlap,
+        window = WindowSpec.avg_pool(
+            self._nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
         )
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)  # type: ignore[call-arg]
+        self._setup(grid, split, self._nd, overlap, window)
 
 
 class MaxPool2d(_MaxMixin, torch.nn.MaxPool2d):
     __doc__ = _DOC.format(name="MaxPool2d", extra="(``return_indices`` must be False)")
-    _nd, _fn = 2, staticmethod(HF.max_pool2d)
+    _nd = 2
 
 
 class MaxPool3d(_MaxMixin, torch.nn.MaxPool3d):
     __doc__ = _DOC.format(name="MaxPool3d", extra="(``return_indices`` must be False)")
-    _nd, _fn = 3, staticmethod(HF.max_pool3d)
+    _nd = 3
 
 
 class AvgPool2d(_AvgMixin, torch.nn.AvgPool2d):
     __doc__ = _DOC.format(name="AvgPool2d", extra="")
-    _nd, _fn = 2, staticmethod(HF.avg_pool2d)
+    _nd = 2
 
 
 class AvgPool3d(_AvgMixin, torch.nn.AvgPool3d):
     __doc__ = _DOC.format(name="AvgPool3d", extra="")
-    _nd, _fn = 3, staticmethod(HF.avg_pool3d)
+    _nd = 3

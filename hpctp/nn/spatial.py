@@ -13,8 +13,8 @@ import torch
 from ..comm import ProcessGrid
 from ..layout import Layout
 from . import _window as W
-from ._inputs import finish as _finish
-from ._inputs import prepare as _prepare
+from ._inputs import field_input
+from .window_spec import WindowSpec
 
 __all__ = [
     "avg_pool2d",
@@ -25,27 +25,6 @@ __all__ = [
     "max_pool2d",
     "max_pool3d",
 ]
-
-
-def _convt(
-    nd: int,
-    x: Any,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: object,
-    padding: object,
-    output_padding: object,
-    groups: int,
-    dilation: object,
-    grid: ProcessGrid,
-    split: object,
-    layout: Layout | None,
-) -> Any:
-    local, lay, wrapped = _prepare(x, grid, split, nd, layout)
-    y, out_layout = W.conv_transpose(
-        nd, local, lay, grid, weight, bias, stride, padding, output_padding, groups, dilation
-    )
-    return _finish(y, out_layout, grid, wrapped)
 
 
 def conv_transpose1d(
@@ -63,7 +42,8 @@ def conv_transpose1d(
     layout: Layout | None = None,
 ) -> Any:
     """Collective over grid. Spatially partitioned ``conv_transpose1d``; see :func:`conv_transpose2d`."""
-    return _convt(1, x, weight, bias, stride, padding, output_padding, groups, dilation, grid, split, layout)
+    spec = WindowSpec.conv_transpose(1, stride, padding, output_padding, groups, dilation)
+    return W.conv_transpose(field_input(x, grid, split, 1, layout), weight, bias, spec)
 
 
 def conv_transpose2d(
@@ -108,7 +88,8 @@ def conv_transpose2d(
     ValueError
         On every rank: wrong dims, split or channels, bad output_padding.
     """
-    return _convt(2, x, weight, bias, stride, padding, output_padding, groups, dilation, grid, split, layout)
+    spec = WindowSpec.conv_transpose(2, stride, padding, output_padding, groups, dilation)
+    return W.conv_transpose(field_input(x, grid, split, 2, layout), weight, bias, spec)
 
 
 def conv_transpose3d(
@@ -126,42 +107,8 @@ def conv_transpose3d(
     layout: Layout | None = None,
 ) -> Any:
     """Collective over grid. Spatially partitioned ``conv_transpose3d``; see :func:`conv_transpose2d`."""
-    return _convt(3, x, weight, bias, stride, padding, output_padding, groups, dilation, grid, split, layout)
-
-
-def _pool(
-    nd: int,
-    kind: str,
-    x: Any,
-    kernel_size: object,
-    stride: object,
-    padding: object,
-    dilation: object,
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: int | None,
-    grid: ProcessGrid,
-    split: object,
-    layout: Layout | None,
-    overlap: bool,
-) -> Any:
-    local, lay, wrapped = _prepare(x, grid, split, nd, layout)
-    y, out_layout = W.pool(
-        nd,
-        kind,
-        local,
-        lay,
-        grid,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-        overlap,
-    )
-    return _finish(y, out_layout, grid, wrapped)
+    spec = WindowSpec.conv_transpose(3, stride, padding, output_padding, groups, dilation)
+    return W.conv_transpose(field_input(x, grid, split, 3, layout), weight, bias, spec)
 
 
 def max_pool2d(
@@ -195,9 +142,8 @@ def max_pool2d(
     -------
     torch.Tensor or DistTensor
     """
-    return _pool(
-        2, "max", x, kernel_size, stride, padding, dilation, ceil_mode, True, None, grid, split, layout, overlap
-    )
+    spec = WindowSpec.max_pool(2, kernel_size, stride, padding, dilation, ceil_mode)
+    return W.pool(field_input(x, grid, split, 2, layout), spec, overlap)
 
 
 def max_pool3d(
@@ -214,9 +160,8 @@ def max_pool3d(
     overlap: bool = True,
 ) -> Any:
     """Collective over grid. Spatially partitioned ``max_pool3d``; see :func:`max_pool2d`."""
-    return _pool(
-        3, "max", x, kernel_size, stride, padding, dilation, ceil_mode, True, None, grid, split, layout, overlap
-    )
+    spec = WindowSpec.max_pool(3, kernel_size, stride, padding, dilation, ceil_mode)
+    return W.pool(field_input(x, grid, split, 3, layout), spec, overlap)
 
 
 def avg_pool2d(
@@ -248,22 +193,8 @@ def avg_pool2d(
     -------
     torch.Tensor or DistTensor
     """
-    return _pool(
-        2,
-        "avg",
-        x,
-        kernel_size,
-        stride,
-        padding,
-        1,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-        grid,
-        split,
-        layout,
-        overlap,
-    )
+    spec = WindowSpec.avg_pool(2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return W.pool(field_input(x, grid, split, 2, layout), spec, overlap)
 
 
 def avg_pool3d(
@@ -281,19 +212,5 @@ def avg_pool3d(
     overlap: bool = True,
 ) -> Any:
     """Collective over grid. Spatially partitioned ``avg_pool3d``; see :func:`avg_pool2d`."""
-    return _pool(
-        3,
-        "avg",
-        x,
-        kernel_size,
-        stride,
-        padding,
-        1,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-        grid,
-        split,
-        layout,
-        overlap,
-    )
+    spec = WindowSpec.avg_pool(3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return W.pool(field_input(x, grid, split, 3, layout), spec, overlap)

@@ -12,9 +12,10 @@ import torch
 
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from . import _window as W
+from ._inputs import full_split
 from .conv import _Spatial, init_replicated
 from .fourier import spectral_conv
+from .window_spec import ntuple
 
 __all__ = ["SpectralConv1d", "SpectralConv2d", "SpectralConv3d", "spectral_weight"]
 
@@ -49,11 +50,11 @@ class _SpectralConvNd(_Spatial, torch.nn.Module):
         device: Any = None,
     ) -> None:
         grid = check_grid(grid)
-        W.full_split(split, self._nd, grid.ndim)  # validate before any communication
+        full_split(split, self._nd, grid.ndim)  # validate before any communication
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels)):
             if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        self.modes = W.ntuple(modes, self._nd, "modes")
+        self.modes = ntuple(modes, self._nd, "modes")
         dtype = torch.get_default_dtype() if dtype is None else dtype
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")

@@ -19,15 +19,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import comm as C
-from .._util.ints import is_int
 from ..comm import ProcessGrid
 from ..layout import Layout
 from ..ops.autograd import Redistribute, check_grid
-from ..tensor.core import DistTensor
-from ..tensor.infer import infer_layout
+from ._inputs import field_axes, field_input, split_items
 from .functional import halo_pad
-from .norm import field_axes, unwrap_block
 
 __all__ = ["Upsample", "upsampled_layout"]
 
@@ -56,9 +52,9 @@ def _spatial_dims(split: object) -> set[int] | None:
     A spec has one entry per spatial dim, or one per dim of ``[N, C, *spatial]`` when it
     starts with ``(None, None)``: ``(None, None, 0)`` is 3 spatial dims or 1.
     """
-    if split is None:
+    items = split_items(split)
+    if items is None:
         return None
-    items = (split,) if is_int(split) else tuple(split)  # type: ignore[arg-type]
     if len(items) > 2 and items[0] is None and items[1] is None:
         return {len(items), len(items) - 2}
     return {len(items)}
@@ -196,21 +192,25 @@ class Upsample(torch.nn.Module):
             )
         self._nd_options = options
         self.nd: int | None = next(iter(options)) if options is not None and len(options) == 1 else None
-        self._split_spec = split
+        self._split_spec = split  # as given (repr)
+        self._split = split_items(split)
         if self.nd is not None:
             field_axes(grid, split, self.nd)  # validate now
         self.mode = mode
         self.align_corners = bool(align_corners)
         self.balanced = bool(balanced)
 
-    def _resolve(self, nd: int) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
-        """Spatial split and scale factors for ``nd`` spatial dims."""
+    def _scales(self, nd: int) -> tuple[int, ...]:
+        """Scale factors for ``nd`` spatial dims (a number the mode, split and factors allow)."""
         if self._nd_options is not None and nd not in self._nd_options:
             want = " or ".join(str(n) for n in sorted(self._nd_options))
             raise ValueError(f"expected a block [N, C, *spatial] with {want} spatial dims, got {nd}")
-        split, _ = field_axes(self.grid, self._split_spec, nd)
-        scales = self._scale if isinstance(self._scale, tuple) else (self._scale,) * nd
-        return split, scales
+        return self._scale if isinstance(self._scale, tuple) else (self._scale,) * nd
+
+    def _check_block(self, x: torch.Tensor) -> None:
+        if x.dim() < 3:
+            raise ValueError(f"expected a block [N, C, *spatial], got {x.dim()} dims")
+        self._scales(x.dim() - 2)
 
     def output_layout(self, layout: Layout) -> Layout:
         """Local. Layout of the output for an input of ``layout``.
@@ -225,7 +225,8 @@ class Upsample(torch.nn.Module):
         Layout
             ``scale * input cuts``, or balanced when the layer was built with ``balanced=True``.
         """
-        _, scales = self._resolve(layout.ndim - 2)
+        scales = self._scales(layout.ndim - 2)
+        field_axes(self.grid, self._split, layout.ndim - 2)  # a split valid for these dims
         return upsampled_layout(layout, scales, self.balanced)
 
     def forward(self, x: Any, layout: Layout | None = None) -> Any:
@@ -248,38 +249,22 @@ class Upsample(torch.nn.Module):
         ValueError
             If the block does not have ``2 + len(split)`` dims, or ``layout`` does not match it.
         """
-        local, _ = unwrap_block(x, self.grid)
-        lay = layout if isinstance(x, torch.Tensor) else x.layout
+        # the linear modes' halo and the balancing move need every rank: a bad block on one rank
+        # raises everywhere; nearest upsampling without balancing is purely local
         collective = self.balanced or self.mode in _LINEAR
-        error: Exception | None = None
-        try:
-            if local.dim() < 3:
-                raise ValueError(f"expected a block [N, C, *spatial], got {local.dim()} dims")
-            split, scales = self._resolve(local.dim() - 2)
-            full = (None, None) + split
-            if lay is not None and (lay.split != full or lay.local_shape(self.grid.coords) != tuple(local.shape)):
-                raise ValueError(
-                    f"layout {lay} does not describe this block (split {full}, shape {tuple(local.shape)})"
-                )
-        except ValueError as e:
-            error = e
-        if collective:  # agree before the halo / redistribution messages: a bad block on one rank raises everywhere
-            C.raise_if_any(self.grid.comm, error)
-        elif error is not None:  # nearest, unbalanced: purely local
-            raise error
-        if lay is None and collective:
-            lay = infer_layout(tuple(local.shape), self.grid, full)
+        field = field_input(x, self.grid, self._split, None, layout, check=self._check_block, collective=collective)
+        local, scales = field.block, self._scales(field.block.dim() - 2)
         if self.mode in _LINEAR:
-            y = self._linear(local, lay, split, scales)  # type: ignore[arg-type]
+            y = self._linear(local, field.global_layout, field.split[2:], scales)
         else:
             y = _nearest(local, scales)
-        out_layout = upsampled_layout(lay, scales, self.balanced) if lay is not None else None
-        if self.balanced:
-            src = upsampled_layout(lay, scales)  # type: ignore[arg-type]
-            y = Redistribute.apply(y.contiguous(), self.grid, src, out_layout)
-        if isinstance(x, torch.Tensor):
+        if field.layout is None:  # a plain block, nothing exchanged: no layout to give
             return y
-        return DistTensor(y, x.grid, out_layout)  # type: ignore[arg-type]
+        out_layout = upsampled_layout(field.layout, scales, self.balanced)
+        if self.balanced:
+            src = upsampled_layout(field.layout, scales)
+            y = Redistribute.apply(y.contiguous(), self.grid, src, out_layout)
+        return field.wrap(y, out_layout)
 
     def _linear(
         self, x: torch.Tensor, lay: Layout, split: tuple[int | None, ...], scales: tuple[int, ...]
