@@ -15,7 +15,7 @@ from ..comm import ProcessGrid
 from ..layout import Layout
 from .transfer import needs_grad
 
-__all__ = ["allreduce_over_axes", "normalize_axes", "reduce_block", "REDUCTIONS"]
+__all__ = ["allreduce_over_axes", "check_nonempty", "normalize_axes", "reduce_block", "REDUCTIONS"]
 
 REDUCTIONS = ("sum", "max", "min")
 
@@ -56,6 +56,31 @@ def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
         If an axis is out of range or repeated.
     """
     return tuple(sorted(ordered_axes(axis, ndim)))
+
+
+def check_nonempty(shape: tuple[int, ...], axis: int | Sequence[int] | None, what: str) -> None:
+    """Local. Raise unless every dim of ``shape`` that ``axis`` reduces is non-empty (the
+    maximum, minimum or their index of no elements has no value).
+
+    Parameters
+    ----------
+    shape : tuple of int
+        The global shape of the reduced tensor.
+    axis : int, sequence of int or None
+        The reduced dims (None: all).
+    what : str
+        The reduction, for the message (``"max"``, ``"argmin"``).
+
+    Raises
+    ------
+    ValueError
+        If a reduced dim has size 0, or an axis is out of range or repeated.
+    TypeError
+        If an axis is not an int.
+    """
+    axes = normalize_axes(axis, len(shape))
+    if any(shape[d] == 0 for d in axes):
+        raise ValueError(f"{what} of an empty tensor (shape {shape}) over axis {axis}")
 
 
 def _identity(op: str, dtype: object) -> object:

@@ -1,6 +1,7 @@
 """The DistTensor room: the class (:mod:`.core`), its creation functions (:mod:`.creation`,
 :mod:`.random`, :mod:`.infer`), numpy's and torch's protocols on it (:mod:`.numpy_protocol`,
-:mod:`.torch_protocol`) and the array functions grouped by kind (:mod:`.functions`).
+:mod:`.torch_protocol`) and the array functions grouped by kind (:mod:`.functions`). The
+operands of elementwise operations are aligned and broadcast by :mod:`.align`, below the class.
 
 Methods of :class:`DistTensor` that belong to a function module reach it through
 :mod:`.registry`; importing this package registers every implementation.

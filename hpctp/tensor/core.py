@@ -17,7 +17,6 @@ from .._util.backend import (
     array_module,
     astype,
     backend_name,
-    broadcasts_to,
     check_array,
     convert,
     dtype_kind,
@@ -28,21 +27,22 @@ from .._util.backend import (
 from .._util.dtypes import dtype_name
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
-from ..layout import Layout, Remap, check_remap, flip_remap, moves_data
+from ..layout import Layout, check_remap, flip_remap
 from ..layout.indexing import index_plan
 from ..ops.indexing import put_block, take_block
 from ..ops.move import move_block
-from ..ops.reduce import normalize_axes, ordered_axes, reduce_block
+from ..ops.reduce import check_nonempty, normalize_axes, ordered_axes, reduce_block
 from ..ops.transfer import gather_block, needs_grad, redistribute_block
+from .align import aligned, broadcast_operand, broadcast_scalar, check_partner
 from .registry import implementation
 
-__all__ = ["DistTensor"]
+__all__ = ["DistTensor", "layout_source", "operand_block"]
 
 
 def _arithmetic(fn: Callable[[Any, Any], Any], op: str) -> tuple[Callable[..., DistTensor], Callable[..., DistTensor]]:
     """Local. The operator ``op`` and its reflected form, elementwise on the blocks (Collective
-    over grid when an operand must move first: cut differently, ``DistTensor._aligned``, or a
-    smaller operand broadcast in another layout, ``DistTensor._broadcast_operand``)."""
+    over grid when an operand must move first: cut differently, :func:`~hpctp.tensor.align.aligned`,
+    or a smaller operand broadcast in another layout, :func:`~hpctp.tensor.align.broadcast_operand`)."""
 
     def forward(self: DistTensor, other: object) -> DistTensor:
         return self._binary(other, fn, op)
@@ -156,13 +156,6 @@ class DistTensor:
             local = np.asarray(local)
         return DistTensor(local, self.grid, self.layout if layout is None else layout)
 
-    @staticmethod
-    def _layout_source(operands: Sequence[object]) -> DistTensor:
-        """The operand whose layout an elementwise result takes: the first DistTensor of the
-        largest shape, against which the others broadcast (numpy's rule)."""
-        tensors = [a for a in operands if isinstance(a, DistTensor)]
-        return max(tensors, key=lambda t: (t.ndim, t.size))  # (max keeps the first of equals)
-
     def with_local(self, block: Array) -> DistTensor:
         """Local. A tensor of this layout and grid whose block on this rank is ``block``.
 
@@ -228,16 +221,21 @@ class DistTensor:
     def __torch_function__(
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        """Local (Collective over grid for ``torch.flip``/``torch.roll`` along divided dims).
-        torch's pointwise functions on DistTensors with torch blocks: ``torch.relu(x)``,
-        ``torch.nn.functional.gelu(x)``, ``torch.where(c, x, y)``, differentiable, blockwise;
-        ``torch.flip(x, dims)`` and ``torch.roll(x, shifts, dims)`` are :meth:`flip` and :meth:`roll`.
+        """Local for torch's pointwise functions (Collective over grid for operands cut
+        differently), Collective over grid for the reductions, joins and moves that map onto
+        hpctp's operations: torch's functions on DistTensors with torch blocks.
+
+        Pointwise functions (``torch.relu(x)``, ``torch.nn.functional.gelu(x)``,
+        ``torch.where(c, x, y)``) run blockwise, differentiably; collective ones
+        (``torch.flip(x, dims)`` is :meth:`flip`, ``torch.sum(x, dim)`` is :meth:`sum`) call
+        hpctp's. The supported functions are the tables ``POINTWISE`` and ``MOVES`` of
+        :mod:`hpctp.tensor.torch_protocol`; :func:`~hpctp.tensor.torch_protocol.apply_torch_function`'s
+        docstring lists them, generated from the tables.
 
         Raises
         ------
         TypeError
-            For functions that are not pointwise (see :mod:`hpctp.tensor.torch_protocol`), non-torch
-            blocks, or plain tensors broadcast against the blocks.
+            For other functions, non-torch blocks, or plain tensors broadcast against the blocks.
         """
         return implementation("torch_function")(func, args, kwargs or {})
 
@@ -291,13 +289,13 @@ class DistTensor:
         if isinstance(value, (list, tuple)):
             value = np.asarray(value)
         if isinstance(value, DistTensor) and value.ndim > 0:
-            self._check_partner(value, op)
+            check_partner(self, value, op)
             block = value.local
             if value.layout != plan.result or plan.result_remap:  # (reversed dims: the value's order is flipped)
-                block = self._aligned(value, plan.result, op, plan.result_remap)
+                block = aligned(self.grid, value, plan.result, op, plan.result_remap)
             put_block(self.local, plan, self.grid.coords, block, "block")
         elif isinstance(value, (DistTensor, numbers.Number, np.generic)):
-            put_block(self.local, plan, self.grid.coords, self._other(value, op), "scalar")
+            put_block(self.local, plan, self.grid.coords, operand_block(self, value, op), "scalar")
         elif isinstance(value, np.ndarray) or is_torch(value) or is_cupy(value):
             put_block(self.local, plan, self.grid.coords, value, "global")
         else:
@@ -425,13 +423,13 @@ class DistTensor:
     def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
         """Collective over grid. Maximum over ``axis`` (also ``np.max(x)``); layout as for :meth:`sum`."""
         self._numpy_style("max", None, out)
-        self._check_nonempty(axis, "max")
+        check_nonempty(self.global_shape, axis, "max")
         return self._reduce("max", axis, keepdims)
 
     def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
         """Collective over grid. Minimum over ``axis`` (also ``np.min(x)``); layout as for :meth:`sum`."""
         self._numpy_style("min", None, out)
-        self._check_nonempty(axis, "min")
+        check_nonempty(self.global_shape, axis, "min")
         return self._reduce("min", axis, keepdims)
 
     def argmax(self, axis: int | None = None, keepdims: bool = False, *, out: None = None) -> DistTensor:
@@ -533,11 +531,6 @@ class DistTensor:
         root = total.local**0.5
         return total._new(root)
 
-    def _check_nonempty(self, axis: int | Sequence[int] | None, what: str) -> None:
-        axes = normalize_axes(axis, self.ndim)
-        if any(self.global_shape[d] == 0 for d in axes):
-            raise ValueError(f"{what} of an empty tensor (shape {self.global_shape}) over axis {axis}")
-
     # ------------------------------------------------------------------ conversions (local)
     def astype(self, dtype: object) -> DistTensor:
         """Local. Same tensor with blocks converted to ``dtype`` (any backend's spelling)."""
@@ -597,8 +590,8 @@ class DistTensor:
 
     def clip(self, min: object = None, max: object = None) -> DistTensor:  # noqa: A002 - numpy's names
         """Local. Values limited to ``[min, max]`` (numbers, or tensors of this layout), as ``numpy.clip``."""
-        lo = None if min is None else self._other(min, "clip")
-        hi = None if max is None else self._other(max, "clip")
+        lo = None if min is None else operand_block(self, min, "clip")
+        hi = None if max is None else operand_block(self, max, "clip")
         x = self.local
         if lo is None and hi is None:
             return self.copy()
@@ -723,97 +716,11 @@ class DistTensor:
         return self.transpose()
 
     # ------------------------------------------------------------------ elementwise (local)
-    def _place(self) -> str:
-        """Backend and memory of the block, as ``DistTensor.to`` names them."""
-        return "cuda" if self.backend == "torch" and is_device(self.local) else self.backend
-
-    def _check_partner(self, other: DistTensor, op: str) -> None:
-        """Raise unless ``other`` is on this grid with blocks of this backend and memory."""
-        if other.grid is not self.grid and other.grid.comm != self.grid.comm:
-            raise ValueError(f"'{op}' needs tensors on the same ProcessGrid")
-        if other._place() != self._place():
-            raise TypeError(
-                f"'{op}' needs blocks of one backend, got {self._place()} and {other._place()}; "
-                f"convert one with .to({self._place()!r})"
-            )
-
-    def _broadcast_scalar(self, block: Array, dims: Iterable[int] | None = None) -> Array:
-        """A block, replicated along the grid axes that divide ``dims`` of this tensor (all dims
-        if None), that broadcasts against this tensor's blocks there (a 0-d tensor, a profile).
-        When autograd records it, each rank's gradient of it covers only that rank's block:
-        backward sums them over those grid axes (as the blocks' sum in one process)."""
-        dims = range(self.ndim) if dims is None else dims
-        axes = [g for g in (self.split[d] for d in dims) if g is not None and self.grid.dims[g] > 1]
-        if not axes or not needs_grad(block):
-            return block
-        from ..ops.autograd import sum_gradients  # (torch is loaded: the block is a torch tensor)
-
-        return sum_gradients(block, self.grid, axes)
-
-    def _broadcast_operand(self, other: DistTensor, op: str) -> Array:
-        """``other``'s block to broadcast against this tensor's, as numpy broadcasts a smaller
-        array: its dims of this tensor's size take their split and cuts, its size-1 and missing
-        dims are whole (it is replicated along those grid axes). Collective over grid when
-        ``other`` must move into that layout (one redistribution)."""
-        shape, oshape = self.global_shape, other.global_shape
-        if not broadcasts_to(oshape, shape):
-            raise ValueError(
-                f"'{op}': a tensor of shape {oshape} does not broadcast against one of shape {shape} (numpy's rule, "
-                f"one way: the smaller operand broadcasts against the larger one's layout)"
-            )
-        lead = self.ndim - other.ndim
-        same = [e for e, n in enumerate(oshape) if n == shape[e + lead]]
-        target = Layout(
-            oshape,
-            self.layout.grid_dims,
-            tuple(self.split[e + lead] if e in same else None for e in range(other.ndim)),
-            tuple(self.layout.cuts[e + lead] if e in same else None for e in range(other.ndim)),
-        )
-        block = other.local if other.layout == target else self._aligned(other, target, op, check=False)
-        return self._broadcast_scalar(block, [d for d in range(self.ndim) if d - lead not in same])
-
-    def _aligned(self, other: DistTensor, layout: Layout, op: str, remap: Remap = (), check: bool = True) -> Array:
-        """``other``'s block in ``layout`` when the two differ only in their cuts (as ``u[1:]`` and
-        ``u[:-1]`` do; any layout of its shape without ``check``): one redistribution (with
-        ``remap``) that moves the rows between the cuts, recorded by autograd. Collective over
-        grid where data moves (every rank sees the same layouts)."""
-        src = other.layout
-        if check and (src.global_shape, src.grid_dims, src.split) != (
-            layout.global_shape,
-            layout.grid_dims,
-            layout.split,
-        ):
-            raise ValueError(
-                f"'{op}' needs tensors with the same layout, got {layout} and {src}; call other.redistribute(x.layout) "
-                f"first (tensors of one shape and split, cut differently, are aligned automatically)"
-            )
-        grad = needs_grad(other.local)
-        if is_torch(other.local) and moves_data(src, layout, remap):  # (only torch blocks record moves;
-            C.agree_arguments(self.grid.comm, op, None, requires_grad=grad)  # their backward moves must pair up)
-        return move_block(other.local, self.grid, src, layout, grad, remap)
-
-    def _other(self, other: object, op: str) -> Any:
-        if isinstance(other, DistTensor):
-            self._check_partner(other, op)
-            if other.layout != self.layout:
-                if other.ndim == 0:
-                    return self._broadcast_scalar(other.local)
-                if other.global_shape != self.global_shape:
-                    return self._broadcast_operand(other, op)
-                return self._aligned(other, self.layout, op)
-            return other.local
-        if isinstance(other, (numbers.Number, np.generic)):
-            return other
-        raise TypeError(
-            f"unsupported operand for '{op}': DistTensor and {type(other).__name__} "
-            f"(use a scalar or a DistTensor of the same layout)"
-        )
-
     def _binary(self, other: object, fn: Callable[[Any, Any], Any], op: str, reflected: bool = False) -> DistTensor:
-        if isinstance(other, DistTensor) and other is not self and DistTensor._layout_source((self, other)) is other:
+        if isinstance(other, DistTensor) and other is not self and layout_source((self, other)) is other:
             # a smaller tensor (e.g. x.sum(), x.mean(0)) broadcasts on the left too: the result has other's layout
             return other._binary(self, fn, op, reflected=not reflected)
-        o = self._other(other, op)
+        o = operand_block(self, other, op)
         out = fn(o, self.local) if reflected else fn(self.local, o)
         return self._new(out)
 
@@ -841,12 +748,13 @@ class DistTensor:
         return implementation("array_ufunc")(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Collective over grid for reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-        ``np.allclose``, ``np.linalg.norm``) and for the moves of ``np.flip``, ``np.roll``,
-        ``np.diff``, ``np.gradient``, ``np.concatenate`` and ``np.stack`` (along divided dims,
-        or inputs cut differently), else Local (``np.where``, ``np.isclose``, ``np.clip``,
-        ``np.real``, ``np.imag``, ``np.shape``): numpy functions on DistTensors
-        (:data:`hpctp.tensor.numpy_protocol.FUNCTIONS`).
+        """Collective over grid for the reductions (``np.sum(x)``, ``np.allclose(x, y)``) and,
+        where they move data, the moves (``np.roll(x, 1, 0)`` along a divided dim), else Local
+        (``np.where``, ``np.shape``): numpy functions on DistTensors.
+
+        The supported functions are the table ``FUNCTIONS`` of
+        :mod:`hpctp.tensor.numpy_protocol`; :func:`~hpctp.tensor.numpy_protocol.apply_function`'s
+        docstring lists them by kind, generated from the table.
 
         Raises
         ------
@@ -885,3 +793,73 @@ class DistTensor:
 
     def __abs__(self) -> DistTensor:
         return self._new(abs(self.local))
+
+
+def layout_source(operands: Sequence[object]) -> DistTensor:
+    """Local. The operand whose layout an elementwise result takes: the first DistTensor of the
+    largest shape (most dims, then most elements), against which the others broadcast (numpy's
+    rule).
+
+    Parameters
+    ----------
+    operands : sequence
+        The operands of the operation, DistTensors among numbers and other objects.
+
+    Returns
+    -------
+    DistTensor
+
+    Raises
+    ------
+    ValueError
+        If no operand is a DistTensor (``max`` of an empty sequence).
+    """
+    tensors = [a for a in operands if isinstance(a, DistTensor)]
+    return max(tensors, key=lambda t: (t.ndim, t.size))  # (max keeps the first of equals)
+
+
+def operand_block(x: DistTensor, other: object, op: str) -> Any:
+    """Collective over grid when ``other`` is a DistTensor that must move first (cut differently
+    from ``x``, or a smaller tensor in another layout), else Local. ``other`` as an operand of
+    an elementwise operation on ``x``'s block, whose layout the result takes
+    (:func:`layout_source`).
+
+    Parameters
+    ----------
+    x : DistTensor
+    other : DistTensor or number
+    op : str
+        The operation, for the messages (``"+"``, ``"numpy.where"``, ``"clip"``).
+
+    Returns
+    -------
+    array or number
+        A number as is; a DistTensor's block: as is in ``x``'s layout; a 0-d tensor's block
+        (:func:`~hpctp.tensor.align.broadcast_scalar`); a smaller tensor's block in the layout
+        that broadcasts against ``x``'s (:func:`~hpctp.tensor.align.broadcast_operand`); a
+        tensor of ``x``'s shape and split, cut differently, moved into ``x``'s layout
+        (:func:`~hpctp.tensor.align.aligned`).
+
+    Raises
+    ------
+    TypeError
+        If ``other`` is neither a number nor a DistTensor, or its blocks are of another backend.
+    ValueError
+        If ``other`` is on another grid, of ``x``'s shape but another split, or of a shape
+        that does not broadcast against ``x``'s.
+    """
+    if isinstance(other, DistTensor):
+        check_partner(x, other, op)
+        if other.layout != x.layout:
+            if other.ndim == 0:
+                return broadcast_scalar(x, other.local)
+            if other.global_shape != x.global_shape:
+                return broadcast_operand(x, other, op)
+            return aligned(x.grid, other, x.layout, op)
+        return other.local
+    if isinstance(other, (numbers.Number, np.generic)):
+        return other
+    raise TypeError(
+        f"unsupported operand for '{op}': DistTensor and {type(other).__name__} "
+        f"(use a scalar or a DistTensor of the same layout)"
+    )

@@ -10,7 +10,8 @@ tensor to an object array.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from .. import comm as C
 from .._util.backend import array_module, is_torch
 from ..ops.elementwise import torch_operand, ufunc_for
-from .core import DistTensor
+from .core import DistTensor, layout_source, operand_block
 from .functions.broadcast import broadcast_to
 from .functions.calculus import diff, gradient, trapezoid
 from .functions.histogram import histogram
@@ -36,8 +37,8 @@ def _operands(inputs: tuple[Any, ...], name: str) -> tuple[DistTensor, list[Any]
     """The tensor whose layout the result takes (the first with dims) and every operand's block
     (numbers and 0-d numpy arrays pass through as scalars)."""
     inputs = tuple(a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in inputs)
-    ref = DistTensor._layout_source(inputs)
-    return ref, [ref.local if a is ref else ref._other(a, name) for a in inputs]
+    ref = layout_source(inputs)
+    return ref, [ref.local if a is ref else operand_block(ref, a, name) for a in inputs]
 
 
 @register("array_ufunc")
@@ -56,7 +57,7 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple[Any, ...], kwargs: d
             f"keywords are (for reductions use x.sum(), x.max(), x.min(), x.mean())"
         )
     ref, blocks = _operands(inputs, name)
-    return ref._new(ufunc_for(ufunc, ref.local)(*blocks))
+    return ref.with_local(ufunc_for(ufunc, ref.local)(*blocks))
 
 
 def _where(condition: Any, x: Any = None, y: Any = None) -> DistTensor:
@@ -66,8 +67,8 @@ def _where(condition: Any, x: Any = None, y: Any = None) -> DistTensor:
     if is_torch(ref.local):
         import torch
 
-        return ref._new(torch.where(c, torch_operand(a, ref.local), torch_operand(b, ref.local)))
-    return ref._new(array_module(ref.local).where(c, a, b))
+        return ref.with_local(torch.where(c, torch_operand(a, ref.local), torch_operand(b, ref.local)))
+    return ref.with_local(array_module(ref.local).where(c, a, b))
 
 
 def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> DistTensor:
@@ -76,8 +77,8 @@ def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan
         import torch
 
         u, v = (torch_operand(w, ref.local, ref.local.dtype) for w in (u, v))
-        return ref._new(torch.isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
-    return ref._new(array_module(ref.local).isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
+        return ref.with_local(torch.isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return ref.with_local(array_module(ref.local).isclose(u, v, rtol=rtol, atol=atol, equal_nan=equal_nan))
 
 
 def _allclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
@@ -171,29 +172,16 @@ def _method(func: Callable[..., Any]) -> Callable[..., Any]:
     return func._implementation  # type: ignore[attr-defined, no-any-return]
 
 
-FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
-    **{f: _method(f) for f in (np.sum, np.mean, np.max, np.min, np.amax, np.amin, np.real, np.imag)},
+_COLLECTIVE: dict[Callable[..., Any], Callable[..., Any]] = {  # reductions: collective over grid
+    **{f: _method(f) for f in (np.sum, np.mean, np.max, np.min, np.amax, np.amin)},
     **{f: _method(f) for f in (np.var, np.std, np.any, np.all)},
     np.argmax: lambda a, axis=None, out=None, *, keepdims=False: a.argmax(axis, keepdims, out=out),
     np.argmin: lambda a, axis=None, out=None, *, keepdims=False: a.argmin(axis, keepdims, out=out),
     np.cumsum: lambda a, axis=None, dtype=None, out=None: a.cumsum(axis, dtype, out),  # (numpy's retries a
     np.cumprod: lambda a, axis=None, dtype=None, out=None: a.cumprod(axis, dtype, out),  # TypeError: call direct)
-    **{f: _method(f) for f in (np.shape, np.ndim, np.size, np.transpose)},
-    np.where: _where,
-    np.isclose: _isclose,
     np.allclose: _allclose,
-    np.clip: _clip,
     np.linalg.norm: _norm,
-    np.flip: _flip,
-    np.flipud: lambda m: _flip(m, 0),
-    np.fliplr: lambda m: _flip(m, 1),
-    np.roll: _roll,
-    np.diff: _diff,
-    np.gradient: gradient,
     np.trapezoid: trapezoid,
-    np.concatenate: numpy_style(concatenate),
-    np.stack: numpy_style(stack),
-    np.pad: _pad,
     np.histogram: histogram,
     np.nansum: _nan_reduction(nansum, True),
     np.nanmean: _nan_reduction(nanmean, True),
@@ -204,19 +192,52 @@ FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.quantile: _order_statistic("quantile", quantile),
     np.percentile: _order_statistic("percentile", percentile),
     np.median: _median,
+}
+_MOVING: dict[Callable[..., Any], Callable[..., Any]] = {  # collective over grid where they move data
+    np.flip: _flip,
+    np.flipud: lambda m: _flip(m, 0),
+    np.fliplr: lambda m: _flip(m, 1),
+    np.roll: _roll,
+    np.diff: _diff,
+    np.gradient: gradient,
+    np.concatenate: numpy_style(concatenate),
+    np.stack: numpy_style(stack),
+    np.pad: _pad,
     np.broadcast_to: lambda array, shape, subok=False: broadcast_to(array, shape),
 }
+_ELEMENTWISE: dict[Callable[..., Any], Callable[..., Any]] = {  # local, collective for operands cut differently
+    np.where: _where,
+    np.isclose: _isclose,
+    np.clip: _clip,
+}
+_LOCAL: dict[Callable[..., Any], Callable[..., Any]] = {  # local
+    **{f: _method(f) for f in (np.real, np.imag, np.shape, np.ndim, np.size, np.transpose)},
+}
+
+FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {**_COLLECTIVE, **_MOVING, **_ELEMENTWISE, **_LOCAL}
+"""The numpy functions DistTensors support (``__array_function__``), each with its implementation;
+:func:`apply_function`'s docstring lists them by kind, generated from this table."""
+
+
+def _numpy_name(func: Callable[..., Any]) -> str:
+    """``np.sum``, ``np.linalg.norm``: ``func`` as a user spells it."""
+    return f"np.{'linalg.' if func is np.linalg.norm else ''}{func.__name__}"
+
+
+def _listed(kinds: dict[str, Iterable[Callable[..., Any]]]) -> str:
+    """A numpydoc Notes section (indented as a function's docstring) naming the functions of each kind."""
+    lines = ["", "    Notes", "    -----"]
+    for kind, funcs in kinds.items():
+        names = ", ".join(f"``{n}``" for n in sorted(_numpy_name(f) for f in funcs))
+        lines += [f"    {kind}", textwrap.fill(names, 100, initial_indent=" " * 8, subsequent_indent=" " * 8)]
+    return "\n".join(lines) + "\n    "
 
 
 @register("array_function")
 def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Collective over grid for the reductions (``np.sum``, ``np.mean``, ``np.max``, ``np.min``,
-    ``np.var``, ``np.std``, ``np.any``, ``np.all``, the ``np.nan*`` reductions, ``np.histogram``,
-    ``np.quantile``, ``np.percentile``, ``np.median``, ``np.argmax``, ``np.argmin``,
-    ``np.cumsum``, ``np.cumprod``, ``np.allclose``, ``np.linalg.norm``) and for ``np.flip``,
-    ``np.roll``, ``np.diff``, ``np.gradient``, ``np.trapezoid``, ``np.concatenate``,
-    ``np.stack``, ``np.pad`` and ``np.broadcast_to`` where they move data, else Local.
-    ``func(*args, **kwargs)`` for the numpy functions in :data:`FUNCTIONS`; see
+    """Collective over grid for the reductions, and for the functions that move data where they
+    do (along divided dims, or inputs cut differently), else Local: see the Notes, generated from
+    :data:`FUNCTIONS`. ``func(*args, **kwargs)`` for the numpy functions in :data:`FUNCTIONS`; see
     ``DistTensor.__array_function__``.
 
     Raises
@@ -226,9 +247,20 @@ def apply_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """
     impl = FUNCTIONS.get(func)
     if impl is None:
-        names = ", ".join(sorted({f"np.{'linalg.' if f is np.linalg.norm else ''}{f.__name__}" for f in FUNCTIONS}))
+        names = ", ".join(sorted({_numpy_name(f) for f in FUNCTIONS}))
         raise TypeError(
             f"numpy.{getattr(func, '__name__', func)} is not supported on DistTensors (supported: {names}, and "
             f"numpy's elementwise ufuncs); apply it to x.local blockwise (x.with_local(...)) or to a gathered array"
         )
     return impl(*args, **kwargs)
+
+
+if apply_function.__doc__ is not None:  # (None under python -OO)
+    apply_function.__doc__ += _listed(
+        {
+            "Collective over grid": _COLLECTIVE,
+            "Collective over grid where they move data, else Local": _MOVING,
+            "Local (Collective over grid for DistTensor operands cut differently)": _ELEMENTWISE,
+            "Local": _LOCAL,
+        }
+    )

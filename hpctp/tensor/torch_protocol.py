@@ -1,30 +1,29 @@
 """torch's function protocol on DistTensors with torch blocks: ``torch.relu(x)``, ``F.gelu(x)``.
 
 torch hands a call with a DistTensor operand to ``DistTensor.__torch_function__``, which
-lands here. Pointwise functions (activations, elementwise math, comparisons, ``torch.where``)
-run on each rank's blocks, differentiably, with numbers, 0-d tensors and DistTensors of the
-same shape and split as the other operands (cut differently, they are aligned first, as in
-numpy's protocol). Collective ones map onto hpctp's: ``torch.flip``/``torch.roll`` are
-:meth:`~hpctp.DistTensor.flip`/:meth:`~hpctp.DistTensor.roll`, ``F.pad`` is :func:`hpctp.pad`,
-``torch.cumsum``/``torch.cumprod`` are :func:`hpctp.tensor.functions.scan.cumsum`/``cumprod``,
-``torch.cat``/``torch.stack`` are :func:`hpctp.concatenate`/:func:`hpctp.stack`, and
-``torch.sum``, ``mean``, ``amax``, ``amin``, ``var``, ``std`` are the reductions (torch's
-arguments: ``dim``, ``keepdim``, ``correction``/``unbiased``, whose default is 1). Anything
-else (``torch.max``/``min`` with their indices, ``softmax`` along a dim that may be divided,
-random ``dropout``, a plain tensor broadcast against a block) raises a TypeError: blockwise,
-it would not be the single-process result.
+lands here. Pointwise functions (activations, elementwise math, comparisons, ``torch.where``:
+:data:`POINTWISE`) run on each rank's blocks, differentiably, with numbers, 0-d tensors and
+DistTensors of the same shape and split as the other operands (cut differently, they are
+aligned first, as in numpy's protocol). The collective ones (:data:`MOVES`: reductions, joins,
+flips, rolls, padding, scans) map onto hpctp's own DistTensor operations, taking torch's
+arguments (``dim``, ``keepdim``, ``correction``/``unbiased``, whose default is 1).
+:func:`apply_torch_function`'s docstring lists both, generated from the tables. Anything else
+(``torch.max``/``min`` with their indices, ``softmax`` along a dim that may be divided, random
+``dropout``, a plain tensor broadcast against a block) raises a TypeError: blockwise, it would
+not be the single-process result.
 """
 
 from __future__ import annotations
 
 import functools
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from .core import DistTensor
+from .core import DistTensor, layout_source, operand_block
 from .functions.join import concatenate, stack
 from .functions.pad import pad as numpy_pad
 from .registry import register
@@ -44,14 +43,17 @@ _FUNCTIONAL = (
 )
 
 
+_POINTWISE_NAMES = [f"torch.{n}" for n in _TORCH.split()] + [f"torch.nn.functional.{n}" for n in _FUNCTIONAL.split()]
+
+
 @functools.cache
 def _pointwise() -> dict[Callable[..., Any], str]:
-    table = {getattr(torch, n): f"torch.{n}" for n in _TORCH.split()}
-    table.update({getattr(F, n): f"torch.nn.functional.{n}" for n in _FUNCTIONAL.split()})
-    return table
+    modules = {"torch": torch, "torch.nn.functional": F}
+    return {getattr(modules[name.rpartition(".")[0]], name.rpartition(".")[2]): name for name in _POINTWISE_NAMES}
 
 
-POINTWISE = _pointwise  # the supported functions (a call: built on first use)
+POINTWISE = _pointwise
+"""The supported pointwise functions, each with its name (a call: the table is built on first use)."""
 
 
 def _flip(x: DistTensor, dims: Any) -> DistTensor:
@@ -151,11 +153,12 @@ MOVES: dict[Callable[..., Any], Callable[..., DistTensor]] = {
     torch.cumsum: _cumsum,
     torch.cumprod: _cumprod,
 }
+"""The supported collective torch functions, each with the hpctp operation that implements it."""
 
 
 def _block(value: Any, ref: DistTensor, name: str) -> Any:
     if isinstance(value, DistTensor):
-        return ref.local if value is ref else ref._other(value, name)
+        return ref.local if value is ref else operand_block(ref, value, name)
     if isinstance(value, torch.Tensor) and value.ndim > 0:
         raise TypeError(
             f"{name}: a plain torch.Tensor of shape {tuple(value.shape)} next to a DistTensor would broadcast "
@@ -167,13 +170,15 @@ def _block(value: Any, ref: DistTensor, name: str) -> Any:
 
 @register("torch_function")
 def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistTensor:
-    """Local (Collective over grid for the functions in :data:`MOVES`: reductions, joins, moves).
-    ``func(*args, **kwargs)`` on the blocks; see ``DistTensor.__torch_function__``.
+    """Local for the pointwise functions (Collective over grid for DistTensor operands cut
+    differently), Collective over grid for the functions of :data:`MOVES` (reductions, joins,
+    moves): see the Notes, generated from the tables. ``func(*args, **kwargs)`` on the blocks;
+    see ``DistTensor.__torch_function__``.
 
     Raises
     ------
     TypeError
-        For a function that is not pointwise (see the module docstring), blocks that are not
+        For a function that is neither pointwise nor in :data:`MOVES` (see the Notes), blocks that are not
         torch tensors, or a plain tensor operand with dims.
     ValueError
         On DistTensor operands of different layouts or grids.
@@ -192,8 +197,26 @@ def apply_torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs
             f"torch.sum/mean/amax/amin/var/std; x.max(), x.argmax(), ...); apply it to "
             f"x.local and wrap the result with x.with_local(...) where that is right"
         )
-    ref = DistTensor._layout_source((*args, *kwargs.values()))
+    ref = layout_source((*args, *kwargs.values()))
     if ref.backend != "torch":
         raise TypeError(f"{name} needs torch blocks, got {ref.backend}; convert with x.to('torch') (or use numpy's)")
     out = func(*(_block(a, ref, name) for a in args), **{k: _block(v, ref, name) for k, v in kwargs.items()})
-    return ref._new(out)
+    return ref.with_local(out)
+
+
+def _listed(kinds: dict[str, list[str]]) -> str:
+    """A numpydoc Notes section (indented as a function's docstring) naming the functions of each kind."""
+    lines = ["", "    Notes", "    -----"]
+    for kind, names in kinds.items():
+        text = ", ".join(f"``{n}``" for n in sorted(names))
+        lines += [f"    {kind}", textwrap.fill(text, 100, initial_indent=" " * 8, subsequent_indent=" " * 8)]
+    return "\n".join(lines) + "\n    "
+
+
+if apply_torch_function.__doc__ is not None:  # (None under python -OO)
+    apply_torch_function.__doc__ += _listed(
+        {
+            "Collective over grid": [f"{f.__module__}.{f.__name__}" for f in MOVES],
+            "Local, pointwise (Collective over grid for DistTensor operands cut differently)": _POINTWISE_NAMES,
+        }
+    )

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..._util.backend import broadcasts_to
 from ..._util.ints import is_int
 from ...layout import Layout
+from ..align import broadcast_operand
 from ..core import DistTensor
 from ..creation import empty_in
 
@@ -83,6 +84,6 @@ def broadcast_to(x: DistTensor, shape: int | Sequence[int]) -> DistTensor:
             f"the target has at least as many dims, and each dim of x is 1 or the target's size)"
         )
     out = empty_in(broadcast_layout(x.layout, target), x.grid, x.local.dtype, x.local)
-    block = out._broadcast_operand(x, "broadcast_to")  # (x in the layout that broadcasts against out's blocks)
+    block = broadcast_operand(out, x, "broadcast_to")  # (x in the layout that broadcasts against out's blocks)
     out.local[...] = block
     return out

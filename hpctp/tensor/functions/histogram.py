@@ -17,7 +17,7 @@ from ... import comm as C
 from ..._util.backend import to_numpy
 from ..._util.ints import is_int
 from ...ops.reduce import allreduce_over_axes
-from ..core import DistTensor
+from ..core import DistTensor, operand_block
 
 __all__ = ["histogram"]
 
@@ -95,7 +95,7 @@ def histogram(
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise ValueError(f"autodetected range of [{lo}, {hi}] is not finite")
             outer = (lo, hi)
-    w = None if weights is None else to_numpy(x._other(weights, "histogram"))
+    w = None if weights is None else to_numpy(operand_block(x, weights, "histogram"))
     counts, edges = np.histogram(values, bins, range=outer, weights=w)
     counts = np.ascontiguousarray(counts)
     axes = sorted({g for g in x.split if g is not None and x.grid.dims[g] > 1})

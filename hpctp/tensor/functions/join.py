@@ -20,6 +20,7 @@ from ...layout.join import join_layouts
 from ...ops.move import move_block
 from ...ops.reduce import ordered_axes
 from ...ops.transfer import needs_grad
+from ..align import check_partner
 from ..core import DistTensor
 
 __all__ = ["concatenate", "stack", "numpy_style"]
@@ -43,7 +44,7 @@ def _tensors(tensors: object, what: str) -> list[DistTensor]:
                 f"make it one with hpctp.distribute or hpctp.from_local"
             )
     for t in items[1:]:
-        items[0]._check_partner(t, what)
+        check_partner(items[0], t, what)
     return items
 
 

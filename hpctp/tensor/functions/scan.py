@@ -81,7 +81,7 @@ def _scan(x: DistTensor, op: str, axis: object, dtype: object) -> DistTensor:
         x = x.astype(dtype)
     out = _local(x.local, op, d)
     if not divided:
-        return x._new(out)
+        return x.with_local(out)
     # every block's total, one per block along dim d, gathered along grid axis g
     parts = x.grid.dims[g]  # type: ignore[index]
     shape = tuple(parts if e == d else n for e, n in enumerate(x.global_shape))
@@ -96,7 +96,7 @@ def _scan(x: DistTensor, op: str, axis: object, dtype: object) -> DistTensor:
 
         totals = sum_gradients(totals, x.grid, [g])  # type: ignore[list-item]
     offset = _before(totals, op, d, x.grid.coords[g])  # type: ignore[index]
-    return x._new(out + offset if op == "cumsum" else out * offset)
+    return x.with_local(out + offset if op == "cumsum" else out * offset)
 
 
 @register("cumsum")

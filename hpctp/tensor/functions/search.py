@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._util.backend import Array, array_module, dtype_kind, from_numpy, is_torch
 from ..._util.ints import is_int
-from ...ops.reduce import ordered_axes
+from ...ops.reduce import check_nonempty, ordered_axes
 from ..core import DistTensor
 from ..registry import register
 
@@ -57,13 +57,13 @@ def _arg(x: DistTensor, op: str, axis: Any, keepdims: bool) -> DistTensor:
     if axis is not None and not is_int(axis):
         raise TypeError(f"{what} takes an int axis or None (as numpy), got {axis!r}")
     d = None if axis is None else ordered_axes(int(axis), x.ndim)[0]
-    x._check_nonempty(d, what)
+    check_nonempty(x.global_shape, d, what)
     plain = x.with_local(x.local.detach()) if is_torch(x.local) else x  # (an index has no gradient)
-    extreme = plain._reduce(op, d, True)
+    extreme = plain.max(d, True) if op == "max" else plain.min(d, True)
     none = x.size if d is None else x.global_shape[d]  # (beyond every index: never the minimum)
     index = _index(x, d)
-    candidates = plain._new(_first_hit(plain.local, extreme.local, index, none))
-    return candidates._reduce("min", d, keepdims)
+    candidates = plain.with_local(_first_hit(plain.local, extreme.local, index, none))
+    return candidates.min(d, keepdims)
 
 
 @register("argmax")

@@ -75,7 +75,7 @@ def var(x: DistTensor, axis: int | Sequence[int] | None = None, ddof: float = 0,
     """
     check_ddof(ddof, "var/std")
     axes = normalize_axes(axis, x.ndim)
-    f = x if x._is_inexact() else x.astype("float64")
+    f = x if dtype_kind(x.local) in "fc" else x.astype("float64")
     sq = squared_magnitude(f - f.mean(axes, keepdims=True))
     n = math.prod(x.global_shape[a] for a in axes)
     return sq.sum(axes, keepdims) / max(n - ddof, 0)
