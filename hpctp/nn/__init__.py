@@ -6,7 +6,8 @@ get partial gradients on each rank: call :func:`sync_gradients` before the optim
 """
 
 from ..ops.autograd import AllReduceSum, allreduce_sum
-from . import functional
+from . import context_parallel, functional
+from .context_parallel import attention_schedule
 from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
@@ -41,6 +42,8 @@ __all__ = [
     "SpectralConv3d",
     "Upsample",
     "allreduce_sum",
+    "attention_schedule",
+    "context_parallel",
     "broadcast_parameters",
     "check_replicas",
     "functional",

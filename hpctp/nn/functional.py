@@ -28,6 +28,7 @@ from ..layout import Layout, normalize_split
 from . import _window as W
 from ._fetch import Fetch
 from ._inputs import field_input, full_split, resolve_layout
+from .context_parallel import attention
 from .fourier import spectral_conv, spectral_conv_fft
 from .spatial import (
     avg_pool2d,
@@ -41,6 +42,7 @@ from .spatial import (
 from .window_spec import WindowSpec
 
 __all__ = [
+    "attention",
     "avg_pool2d",
     "avg_pool3d",
     "conv1d",

@@ -1,0 +1,637 @@
+"""Exact attention over tokens split on a 1-, 2- or 3-D process grid: a ring schedule and an all-to-all one.
+
+``attention(q, k, v)`` takes DistTensors ``[batch, heads, *tokens, head_dim]`` whose token dims
+(a sequence, or the patch grid of a 2-D/3-D field) are cut over any grid axes, evenly or not,
+and returns this rank's block of ``torch.nn.functional.scaled_dot_product_attention`` of the
+flattened tokens (row-major, ``x.flatten(2, -2)``), in the queries' layout.
+
+**Ring** (:mod:`hpctp.layout.ring` plans it): the ranks that share every non-token coordinate
+(the token sub-grid: all ranks that split the tokens, over one axis or several) pass K/V
+blocks around one ring, row-major over the sub-grid. At each step a rank posts the receive of
+the next block and the send of the current one, attends its queries to the current block (in
+key tiles of at most :data:`SCORE_TILE_ELEMENTS` scores, at least :data:`KEY_TILE_MIN` keys)
+and merges with the running maximum and sum of exponentials (float32 for half inputs, else the
+input's dtype), testing the messages between tiles so they progress, then waits. Every K/V
+block is sent once per pass by each rank but the one before its owner; no rank holds more than
+two K/V blocks (six blocks' worth in backward) and one score tile: memory O(tokens / P).
+Messages of empty blocks (uneven cuts) are skipped on both sides. Causal attention (query
+``i`` sees key ``j <= i`` in the flattened order) skips blocks that are wholly hidden (still
+forwarding them) and masks partly visible ones. The backward pass recomputes each block's
+probabilities from the saved log-sum-exp; the K/V blocks travel the ring again, and each block's
+``dK/dV`` travels behind it, each rank adding its share, until it reaches its owner. With
+contiguous blocks a causal ring is unbalanced (the last rank sees every key); the
+all-to-all schedule is not.
+
+**All-to-all** (Ulysses): one redistribution moves q, k, v from token-split to batch/heads-split
+(:func:`hpctp.layout.ring.all_to_all_split`), every rank runs torch's SDPA on whole token sets,
+and one redistribution moves the output back (autograd moves the gradients the other way).
+Possible while the grid axes splitting tokens (of more than one rank) do not outnumber the
+undivided batch/heads dims.
+
+``schedule="auto"`` picks the one :mod:`hpctp.nn.attention_cost` predicts faster and logs the
+choice on rank 0 (logger ``hpctp.nn.attention``, once per set of arguments);
+:func:`attention_schedule` returns it. Arguments are validated on every rank and agreed once per
+distinct set of layouts, dtype and flags (the verdict is cached per grid), so repeated calls
+add no message beyond the attention's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import comm as C
+from .._util.backend import backend_name, from_bytes
+from ..comm import ProcessGrid
+from ..comm import pool as P
+from ..layout import Layout
+from ..layout.ring import RingPlan, all_to_all_split, flat_token_indices, ring_plan
+from ..ops.move import move_block
+from ..tensor.core import DistTensor
+from .attention_cost import AttentionCost, choose_schedule, predict_attention
+
+__all__ = [
+    "KEY_TILE_MIN",
+    "RING_GRAD_TAG",
+    "RING_TAG",
+    "SCORE_TILE_ELEMENTS",
+    "attention",
+    "attention_schedule",
+]
+
+RING_TAG = 0x4A20
+"""MPI tag of the K/V blocks travelling the ring (on the grid's communicator)."""
+RING_GRAD_TAG = 0x4A21
+"""MPI tag of the ``dK/dV`` blocks travelling the ring in the backward pass."""
+SCORE_TILE_ELEMENTS = 1 << 22
+"""Scores (``batch x heads x queries x keys``) one ring step holds at once; keys are tiled to stay below it."""
+KEY_TILE_MIN = 64
+"""Fewest keys of a tile (a rank with many queries holds ``batch x heads x queries x KEY_TILE_MIN`` scores)."""
+
+_SCHEDULE_CHOICES = ("ring", "all_to_all", "auto")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_LOG = logging.getLogger("hpctp.nn.attention")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What the agreed arguments resolve to: the schedule, scale, output layout and predicted costs."""
+
+    schedule: str
+    scale: float
+    out_layout: Layout
+    head_split: tuple[int | None, ...] | None
+    costs: dict[str, AttentionCost]
+
+
+_agreed: weakref.WeakKeyDictionary[ProcessGrid, dict[tuple[Any, ...], _Call]] = weakref.WeakKeyDictionary()
+_MAX_AGREED = 256  # argument sets remembered per grid (the oldest forgotten first: agreed again if seen again)
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def _grid_of(q: object, k: object, v: object) -> ProcessGrid:
+    for x in (q, k, v):
+        if isinstance(x, DistTensor):
+            return x.grid
+    raise TypeError(
+        f"attention needs hpctp.DistTensor q, k, v (got {type(q).__name__}, {type(k).__name__}, "
+        f"{type(v).__name__}); wrap blocks with hpctp.from_local(block, grid, split)"
+    )
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check(q: Any, k: Any, v: Any, causal: object, scale: object, schedule: object) -> None:
+    """Local. Raise TypeError/ValueError naming the problem and the fix."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, DistTensor):
+            raise TypeError(f"attention: {name} must be a hpctp.DistTensor, got {type(x).__name__}")
+        if backend_name(x.local) != "torch":
+            raise TypeError(f"attention: {name} has {backend_name(x.local)} blocks; convert it with {name}.to('torch')")
+        if x.dtype not in _FLOATS:
+            raise TypeError(f"attention: {name} has dtype {x.dtype}; use float16, bfloat16, float32 or float64")
+        if x.ndim < 4:
+            raise ValueError(
+                f"attention: {name} has shape {x.global_shape}; give [batch, heads, *tokens, head_dim] "
+                f"with 1, 2 or 3 token dims"
+            )
+    if not (q.grid is k.grid and k.grid is v.grid):
+        raise ValueError("attention: q, k and v must be on one ProcessGrid object; redistribute them onto q.grid")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"attention: q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; cast them to one dtype")
+    if not (q.local.device == k.local.device == v.local.device):
+        raise ValueError(
+            f"attention: q, k, v are on devices {q.local.device}, {k.local.device}, {v.local.device}; move them to one"
+        )
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(f"attention: q, k, v have {q.ndim}, {k.ndim}, {v.ndim} dims; give them the same token dims")
+    if q.global_shape[-1] != k.global_shape[-1]:
+        raise ValueError(
+            f"attention: q's head dim {q.global_shape[-1]} differs from k's {k.global_shape[-1]}; they must match"
+        )
+    if k.global_shape[:-1] != v.global_shape[:-1] or k.layout.dim_cuts[:-1] != v.layout.dim_cuts[:-1]:
+        raise ValueError(
+            f"attention: k {k.layout} and v {v.layout} must have the same shape (but the head dim) and cuts; "
+            f"redistribute v to k's layout"
+        )
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention: causal must be a bool, got {causal!r}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale))
+    ):
+        raise ValueError(f"attention: scale must be None or a finite real number, got {scale!r}")
+    if schedule not in _SCHEDULE_CHOICES:
+        raise ValueError(f"attention: schedule must be one of {_SCHEDULE_CHOICES}, got {schedule!r}")
+    ring_plan(q.layout, k.layout, q.grid.rank, causal)  # raises on unsupported layouts
+    if schedule == "all_to_all":
+        split, reason = all_to_all_split(q.layout)
+        if split is None:
+            raise ValueError(f"attention: schedule='all_to_all' cannot run here: {reason}; use schedule='ring'")
+
+
+def _out_layout(q: Layout, dv: int) -> Layout:
+    cuts = q.cuts[:-1] + (None,) if q.cuts else ()
+    return Layout(q.global_shape[:-1] + (dv,), q.grid_dims, q.split, cuts)
+
+
+def _grads(q: Any, k: Any, v: Any) -> tuple[bool, ...]:
+    on = torch.is_grad_enabled()
+    return tuple(bool(on and x.local.requires_grad) for x in (q, k, v))
+
+
+def _resolve(q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, scale: float | None, schedule: str) -> _Call:
+    grads = _grads(q, k, v)
+    itemsize = q.local.element_size()
+    acc = torch.empty((), dtype=_acc_dtype(q.dtype)).element_size()
+    costs = predict_attention(
+        q.layout, k.layout, v.layout, itemsize, causal=causal, backward=any(grads), acc_itemsize=acc
+    )
+    chosen = choose_schedule(costs) if schedule == "auto" else schedule
+    split, _ = all_to_all_split(q.layout)
+    return _Call(
+        schedule=chosen,
+        scale=1.0 / math.sqrt(q.global_shape[-1]) if scale is None else float(scale),
+        out_layout=_out_layout(q.layout, v.global_shape[-1]),
+        head_split=split,
+        costs=costs,
+    )
+
+
+def _prepare(q: Any, k: Any, v: Any, causal: Any, scale: Any, schedule: Any) -> tuple[ProcessGrid, _Call]:
+    """Collective over grid on the first call with these arguments, else Local: validate, agree, resolve."""
+    grid = _grid_of(q, k, v)
+    error: Exception | None = None
+    key: tuple[Any, ...] | None = None
+    try:
+        _check(q, k, v, causal, scale, schedule)
+        key = (
+            q.layout, k.layout, v.layout, q.dtype, q.local.device.type, causal,
+            None if scale is None else float(scale), schedule, _grads(q, k, v),
+        )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        error = e
+    table = _agreed.setdefault(grid, {})
+    if key is not None and key in table:
+        return grid, table[key]
+    shown = (None,) * 9 if key is None else key
+    C.agree_arguments(
+        grid.comm, "attention", error,
+        layouts=shown[:3], dtype=str(shown[3]), device=shown[4], causal=shown[5], scale=shown[6],
+        schedule=shown[7], requires_grad=shown[8],
+    )  # fmt: skip
+    call = _resolve(q, k, v, causal, scale, schedule)
+    if len(table) >= _MAX_AGREED:
+        del table[next(iter(table))]
+    table[key] = call  # type: ignore[index]
+    if grid.rank == 0 and schedule == "auto":
+        ring, a2a = call.costs["ring"], call.costs["all_to_all"]
+        other = f"{a2a.time:.3g} s" if a2a.supported else f"unsupported: {a2a.reason}"
+        _LOG.info(
+            "attention %s x %s: %s schedule (predicted ring %.3g s, all_to_all %s)",
+            q.global_shape, k.global_shape, call.schedule, ring.time, other,
+        )  # fmt: skip
+    return grid, call
+
+
+# ---------------------------------------------------------------------------------------------- block math
+def _key_tile(bh: int, queries: int) -> int:
+    return max(KEY_TILE_MIN, SCORE_TILE_ELEMENTS // max(1, bh * queries))
+
+
+def _mask(q_index: torch.Tensor | None, k_index: torch.Tensor | None, c0: int, c1: int) -> torch.Tensor | None:
+    """Visible (query, key) pairs of a key tile, or None when all are visible."""
+    if q_index is None or k_index is None:
+        return None
+    return k_index[None, c0:c1] <= q_index[:, None]
+
+
+def _forward_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    scale: float, q_index: torch.Tensor | None, k_index: torch.Tensor | None, poke: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Merge the attention of ``q`` to one K/V block into the running ``(max, sum, numerator)``;
+    ``poke`` is called after each key tile (to let messages progress)."""
+    m, denom, o = state
+    acc = q.dtype
+    n = k.shape[2]
+    tile = _key_tile(q.shape[0] * q.shape[1], q.shape[2])
+    for c0 in range(0, n, tile):
+        c1 = min(n, c0 + tile)
+        kc, vc = k[:, :, c0:c1].to(acc), v[:, :, c0:c1].to(acc)
+        s = torch.matmul(q, kc.transpose(-1, -2)).mul_(scale)
+        mask = _mask(q_index, k_index, c0, c1)
+        if mask is not None:
+            s.masked_fill_(~mask, -math.inf)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        m_use = m_new.masked_fill(m_new == -math.inf, 0.0)  # rows that saw no key yet stay at zero weight
+        p = s.sub_(m_use[..., None]).exp_()
+        corr = torch.exp(m - m_use)
+        denom.mul_(corr).add_(p.sum(dim=-1))
+        o.mul_(corr[..., None]).add_(torch.matmul(p, vc))
+        m.copy_(m_new)
+        if poke is not None:
+            poke()
+
+
+def _backward_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+    dq: torch.Tensor, dk: torch.Tensor | None, dv: torch.Tensor | None, scale: float,
+    q_index: torch.Tensor | None, k_index: torch.Tensor | None, poke: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Add one K/V block's share to ``dq`` and its gradients to ``dk``/``dv`` (None: not wanted);
+    ``poke`` is called after each key tile."""
+    acc = q.dtype
+    n = k.shape[2]
+    tile = _key_tile(q.shape[0] * q.shape[1], q.shape[2])
+    for c0 in range(0, n, tile):
+        c1 = min(n, c0 + tile)
+        kc, vc = k[:, :, c0:c1].to(acc), v[:, :, c0:c1].to(acc)
+        s = torch.matmul(q, kc.transpose(-1, -2)).mul_(scale)
+        mask = _mask(q_index, k_index, c0, c1)
+        if mask is not None:
+            s.masked_fill_(~mask, -math.inf)
+        p = s.sub_(lse[..., None]).exp_()
+        if dv is not None:
+            dv[:, :, c0:c1].add_(torch.matmul(p.transpose(-1, -2), dout))
+        ds = torch.matmul(dout, vc.transpose(-1, -2)).sub_(delta[..., None]).mul_(p).mul_(scale)
+        dq.add_(torch.matmul(ds, kc))
+        if dk is not None:
+            dk[:, :, c0:c1].add_(torch.matmul(ds.transpose(-1, -2), q))
+        if poke is not None:
+            poke()
+
+
+# ---------------------------------------------------------------------------------------------- the ring
+class _Buffers:
+    """Flat pooled message buffers of one dtype (released together)."""
+
+    def __init__(self, count: int, numel: int, dtype: torch.dtype, like: torch.Tensor) -> None:
+        item = torch.empty((), dtype=dtype).element_size()
+        self.raw = [P.acquire(numel * item, like) for _ in range(count)]
+        self.flat = [from_bytes(r[: numel * item], dtype, (numel,)) for r in self.raw]
+
+    def release(self) -> None:
+        for r in self.raw:
+            P.release(r)
+        self.raw.clear()
+
+
+def _kv_views(flat: torch.Tensor, b: int, h: int, n: int, d: int, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's K ``[b, h, n, d]`` and V ``[b, h, n, dv]`` packed one after the other in ``flat``."""
+    nk, nv = b * h * n * d, b * h * n * dv
+    return flat[:nk].view(b, h, n, d), flat[nk : nk + nv].view(b, h, n, dv)
+
+
+def _indices(plan: RingPlan, device: torch.device) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+    """Flattened token indices of the queries and of each step's keys, for partly visible blocks only."""
+    if not any(step.visibility == "partial" for step in plan.steps):
+        return None, [None] * plan.size
+    q_index = torch.from_numpy(flat_token_indices(plan.q_ranges, plan.q_shape)).to(device)
+    keys = [
+        torch.from_numpy(flat_token_indices(step.ranges, plan.kv_shape)).to(device)
+        if step.visibility == "partial"
+        else None
+        for step in plan.steps
+    ]
+    return q_index, keys
+
+
+def _poke(pending: list[C.Pending]) -> Callable[[], None]:
+    """Test the pending messages (MPI libraries without a progress thread move data only inside MPI calls)."""
+
+    def poke() -> None:
+        for p in pending:
+            p.test()
+
+    return poke
+
+
+class _KVRing:
+    """Local state of a collective ring pass: the K/V blocks travelling it, in two pooled buffers.
+
+    Step ``s``: :meth:`start` posts the receive of step ``s + 1``'s block and the send of the
+    current one, :meth:`block` is the current block (the rank's own tensors at step 0), and
+    :meth:`advance` waits for both messages and makes the received block current. Messages of
+    empty blocks are skipped on both sides.
+    """
+
+    def __init__(self, grid: ProcessGrid, plan: RingPlan, k: torch.Tensor, v: torch.Tensor) -> None:
+        b, h, _, d = k.shape
+        self.grid, self.plan, self.k, self.v = grid, plan, k, v
+        self.shape = (b, h, d, v.shape[-1])
+        self.per_token = b * h * (d + v.shape[-1])
+        self.numel = max(step.tokens for step in plan.steps) * self.per_token
+        self.buffers = _Buffers(2 if plan.size > 1 else 0, self.numel, k.dtype, k)
+        self.flat = list(self.buffers.flat)
+        self.pending: list[C.Pending] = []
+        if self.flat:
+            own_k, own_v = self.views(self.flat[0], 0)
+            own_k.copy_(k)
+            own_v.copy_(v)
+
+    def count(self, s: int) -> int:
+        """Elements of step ``s``'s block (its dK/dV has as many)."""
+        return self.plan.steps[s % self.plan.size].tokens * self.per_token
+
+    def views(self, flat: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, d, dv = self.shape
+        return _kv_views(flat, b, h, self.plan.steps[s % self.plan.size].tokens, d, dv)
+
+    def start(self, s: int) -> None:
+        if s + 1 >= self.plan.size:
+            return
+        comm, cur, nxt = self.grid.comm, self.flat[0], self.flat[1]
+        if self.count(s + 1):
+            self.pending.append(C.irecv(comm, nxt[: self.count(s + 1)], self.plan.recv_from, RING_TAG))
+        if self.count(s):
+            self.pending.append(C.isend(comm, cur[: self.count(s)], self.plan.send_to, RING_TAG))
+
+    def block(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.k, self.v) if s == 0 else self.views(self.flat[0], s)
+
+    def advance(self) -> None:
+        C.waitall(self.pending)
+        self.pending.clear()
+        self.flat.reverse()
+
+    def release(self) -> None:
+        self.buffers.release()
+
+
+def _ring_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collective over the ring. ``(out, lse)`` of this rank's queries (accumulation dtype)."""
+    b, h, lq, _ = q.shape
+    acc = _acc_dtype(q.dtype)
+    qa = q.to(acc)
+    m = torch.full((b, h, lq), -math.inf, dtype=acc, device=q.device)
+    denom = torch.zeros((b, h, lq), dtype=acc, device=q.device)  # the sum of exponentials
+    o = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
+    q_index, k_index = _indices(plan, q.device)
+    ring = _KVRing(grid, plan, k, v)
+    try:
+        for s, step in enumerate(plan.steps):
+            ring.start(s)
+            if step.visibility != "none":
+                kk, vv = ring.block(s)
+                _forward_block(qa, kk, vv, (m, denom, o), scale, q_index, k_index[s], _poke(ring.pending))
+            ring.advance()
+    finally:
+        ring.release()
+    o.div_(denom[..., None])
+    return o, m.add_(torch.log(denom))
+
+
+def _ring_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """Collective over the ring. ``(dq, dk, dv)`` (accumulation dtype; ``dk``/``dv`` None unless ``want_kv``).
+
+    The K/V blocks travel as in the forward pass. Each block's dK/dV follows one step behind
+    it: a rank computes its share of the block it holds into a scratch buffer, then waits for
+    the dK/dV accumulated so far (sent by its predecessor after that rank's share), adds, and
+    sends it on; after the last step every block's dK/dV has reached its owner. Three buffers
+    rotate for the travelling dK/dV, so a send has a whole step to complete before its buffer
+    receives again.
+    """
+    b, h, lq, d = q.shape
+    acc = _acc_dtype(q.dtype)
+    qa, doa = q.to(acc), dout.to(acc)
+    delta = (doa * out.to(acc)).sum(dim=-1)
+    dq = torch.zeros((b, h, lq, d), dtype=acc, device=q.device)
+    q_index, k_index = _indices(plan, q.device)
+    n = plan.size
+    ring = _KVRing(grid, plan, k, v)
+    # dK/dV buffers: three travel in rotation, one takes a step's share
+    grads = _Buffers(4 if want_kv and n > 1 else 0, ring.numel, acc, k)
+    own_k = own_v = None
+    if n == 1 and want_kv:
+        own_k, own_v = (
+            torch.zeros(k.shape, dtype=acc, device=k.device),
+            torch.zeros(v.shape, dtype=acc, device=v.device),
+        )
+    try:
+        travelling, scratch = grads.flat[:3], grads.flat[3:]
+        sends: dict[int, C.Pending] = {}
+        arriving: C.Pending | None = None
+        for s, step in enumerate(plan.steps):
+            ring.start(s)
+            kk, vv = ring.block(s)
+            if not want_kv or n == 1:
+                if step.visibility != "none":
+                    _backward_block(qa, kk, vv, doa, lse, delta, dq, own_k, own_v, scale, q_index, k_index[s])
+                ring.advance()
+                continue
+            incoming, arriving = arriving, None
+            if s - 2 in sends:
+                sends.pop(s - 2).wait()  # the buffer about to receive has sent its last message
+            if ring.count(s + 1):  # the next block's dK/dV (after the last step: our own, home again)
+                nxt = travelling[(s + 1) % 3]
+                arriving = C.irecv(grid.comm, nxt[: ring.count(s + 1)], plan.recv_from, RING_GRAD_TAG)
+            size = ring.count(s)
+            share = travelling[0] if s == 0 else scratch[0]
+            share[:size].zero_()
+            if step.visibility != "none":
+                dk_s, dv_s = ring.views(share, s)
+                poke = _poke(ring.pending + ([arriving] if arriving else []))
+                _backward_block(qa, kk, vv, doa, lse, delta, dq, dk_s, dv_s, scale, q_index, k_index[s], poke)
+            total = travelling[s % 3]
+            if s > 0:
+                if incoming is not None:
+                    incoming.wait()
+                total[:size].add_(share[:size])
+            if size:
+                sends[s] = C.isend(grid.comm, total[:size], plan.send_to, RING_GRAD_TAG)
+            ring.advance()
+        if not want_kv or n == 1:
+            return dq, own_k, own_v
+        if arriving is not None:
+            arriving.wait()
+        C.waitall(list(sends.values()))
+        home_k, home_v = ring.views(travelling[n % 3], 0)
+        return dq, home_k.clone(), home_v.clone()
+    finally:
+        ring.release()
+        grads.release()
+
+
+class _RingAttention(torch.autograd.Function):
+    """Collective over the ring. Autograd node of the ring schedule on flattened-token blocks ``[b, h, L, d]``."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
+    ) -> torch.Tensor:
+        out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.grid, ctx.plan, ctx.scale = grid, plan, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        want_kv = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
+        dq, dk, dv = _ring_backward(
+            dout.contiguous(), q.detach(), k.detach(), v.detach(), out, lse, ctx.grid, ctx.plan, ctx.scale, want_kv
+        )
+        return (
+            dq.to(q.dtype),
+            None if dk is None else dk.to(k.dtype),
+            None if dv is None else dv.to(v.dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def _flatten_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``[b, h, *tokens, d]`` -> contiguous ``[b, h, prod(tokens), d]``."""
+    shape = x.shape
+    return x.reshape(shape[0], shape[1], math.prod(shape[2:-1]), shape[-1]).contiguous()
+
+
+def _unflatten(y: torch.Tensor, like: torch.Size, last: int) -> torch.Tensor:
+    return y.reshape(*like[:-1], last)
+
+
+def _ring(q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, call: _Call) -> DistTensor:
+    plan = ring_plan(q.layout, k.layout, q.grid.rank, causal)
+    y = _RingAttention.apply(
+        _flatten_tokens(q.local), _flatten_tokens(k.local), _flatten_tokens(v.local), q.grid, plan, call.scale
+    )
+    return DistTensor(_unflatten(y, q.local.shape, v.global_shape[-1]), q.grid, call.out_layout)
+
+
+# ---------------------------------------------------------------------------------------------- all-to-all
+def _move(block: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout) -> torch.Tensor:
+    if src == dst:
+        return block
+    grad = torch.is_grad_enabled() and block.requires_grad
+    return move_block(block, grid, src, dst, grad)  # type: ignore[return-value]
+
+
+def _all_to_all(q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, call: _Call) -> DistTensor:
+    grid, split = q.grid, call.head_split
+    if split is None:  # (ruled out by _check)
+        raise ValueError("attention: the all-to-all schedule cannot run these layouts; use schedule='ring'")
+    heads = [Layout(x.global_shape, grid.dims, split) for x in (q, k, v)]
+    qh, kh, vh = (_move(x.local, grid, x.layout, to) for x, to in zip((q, k, v), heads))
+    y = F.scaled_dot_product_attention(
+        _flatten_tokens(qh), _flatten_tokens(kh), _flatten_tokens(vh), is_causal=causal, scale=call.scale
+    )
+    y = _unflatten(y, qh.shape, v.global_shape[-1])
+    by_heads = Layout(call.out_layout.global_shape, grid.dims, split)
+    return DistTensor(_move(y, grid, by_heads, call.out_layout), grid, call.out_layout)
+
+
+# ---------------------------------------------------------------------------------------------- public
+def attention(
+    q: DistTensor,
+    k: DistTensor,
+    v: DistTensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    schedule: str = "auto",
+) -> DistTensor:
+    """Collective over grid. Exact attention of tokens split over the grid (differentiable).
+
+    Equals ``torch.nn.functional.scaled_dot_product_attention`` of the gathered tensors with
+    their token dims flattened row-major, in the queries' layout.
+
+    Parameters
+    ----------
+    q : DistTensor
+        Queries ``[batch, heads, *tokens, head_dim]`` (torch blocks, 1 or more token dims), the
+        token dims cut over any grid axes, evenly or not; batch and heads may be cut over other
+        axes; the head dim must be whole.
+    k, v : DistTensor
+        Keys and values on q's grid with q's split and batch/heads cuts; their token shape and
+        cuts may differ from q's (cross-attention), v's head dim from k's.
+    causal : bool, optional
+        Query ``i`` attends keys ``j <= i`` of the flattened order (SDPA's ``is_causal``).
+    scale : float, optional
+        Factor of the scores (default ``1 / sqrt(head_dim)``).
+    schedule : {"auto", "ring", "all_to_all"}, optional
+        ``"auto"`` picks by the cost model of :mod:`hpctp.nn.attention_cost` (see
+        :func:`attention_schedule`); the others force one.
+
+    Returns
+    -------
+    DistTensor
+        ``[batch, heads, *q_tokens, v_head_dim]`` in q's layout.
+
+    Raises
+    ------
+    TypeError
+        If q, k, v are not DistTensors of torch blocks of one floating dtype, or ``causal``
+        is not a bool.
+    ValueError
+        If their shapes, grids, splits or cuts do not fit together, the head dim is split,
+        the keys hold no token, ``scale``/``schedule`` is invalid, ``schedule="all_to_all"``
+        cannot run these layouts, or ranks passed different arguments (on every rank).
+    """
+    _, call = _prepare(q, k, v, causal, scale, schedule)
+    if call.schedule == "all_to_all":
+        return _all_to_all(q, k, v, causal, call)
+    return _ring(q, k, v, causal, call)
+
+
+def attention_schedule(
+    q: DistTensor, k: DistTensor, v: DistTensor, *, causal: bool = False, scale: float | None = None
+) -> str:
+    """Collective over grid on a first call, else Local. The schedule ``attention(..., schedule="auto")`` runs.
+
+    ``"ring"`` or ``"all_to_all"``: the cheaper by :func:`hpctp.nn.attention_cost.predict_attention` (forward, plus
+    backward when a tensor requires grad), the same on every rank.
+
+    Parameters
+    ----------
+    q, k, v : DistTensor
+        As for :func:`attention`.
+    causal : bool, optional
+    scale : float, optional
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`attention`.
+    """
+    return _prepare(q, k, v, causal, scale, "auto")[1].schedule

@@ -1,0 +1,316 @@
+"""Exact attention over tokens split on 1-, 2- and 3-D grids (hpctp.nn.context_parallel) against torch's
+scaled_dot_product_attention of the flattened tokens on one process: forward and q/k/v gradients in float64,
+causal and not, uneven and empty blocks, both schedules; the ring's bytes (CommCounter) and its memory."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+import hpctp
+from hpctp import CommCounter, Layout
+from hpctp.layout.ring import all_to_all_split
+from hpctp.nn import context_parallel as cp
+from hpctp.nn.attention_cost import choose_schedule, predict_attention
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+F64 = torch.float64
+B, H, D = 2, 3, 4
+
+
+def _globals(shape, seeds, dtype=F64, dv=None):
+    """Global q, k, v and an upstream gradient, the same on every rank."""
+    gen = torch.Generator().manual_seed(seeds)
+    out_shape = shape[:-1] + ((dv or shape[-1]),)
+    q = torch.randn(shape, dtype=F64, generator=gen)
+    k = torch.randn(shape, dtype=F64, generator=gen)
+    v = torch.randn(out_shape, dtype=F64, generator=gen)
+    g = torch.randn(out_shape, dtype=F64, generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype), g.to(dtype)
+
+
+def _dist(x, grid, layout, grad=True):
+    block = x[layout.local_slices(grid.coords)].clone()
+    return hpctp.DistTensor(block.requires_grad_(grad), grid, layout)
+
+
+def _reference(q, k, v, g, causal, scale=None):
+    """SDPA of the flattened tokens on one process; the output and q/k/v gradients in the global shapes."""
+    ins = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    flat = [x.flatten(2, -2) for x in ins]
+    y = F.scaled_dot_product_attention(*flat, is_causal=causal, scale=scale)
+    y = y.reshape(q.shape[:-1] + (v.shape[-1],))
+    y.backward(g)
+    return y.detach(), [x.grad for x in ins]
+
+
+def _check(grid, q, k, v, g, layouts, causal, schedule, rtol=1e-10, atol=1e-12, scale=None):
+    lq, lk, lv = layouts
+    dq, dk, dv = _dist(q, grid, lq), _dist(k, grid, lk), _dist(v, grid, lv)
+    y = cp.attention(dq, dk, dv, causal=causal, schedule=schedule, scale=scale)
+    want, grads = _reference(q, k, v, g, causal, scale)
+    out = Layout(want.shape, grid.dims, lq.split, lq.cuts[:-1] + (None,) if lq.cuts else ())
+    assert_equal(grid, np.array(y.layout == out), np.array(True), what="output layout")
+    mine = out.local_slices(grid.coords)
+    y.local.backward(g[mine])
+    tag = f"{schedule} causal={causal}"
+    assert_allclose(grid, y.local.detach(), want[mine], rtol=rtol, atol=atol, what=f"{tag}: output")
+    for name, x, lay, ref in zip("qkv", (dq, dk, dv), layouts, grads):
+        assert_allclose(
+            grid, x.local.grad, ref[lay.local_slices(grid.coords)], rtol=rtol, atol=atol, what=f"{tag}: d{name}"
+        )
+
+
+def _layout(shape, grid, token_split, cuts=(), batch=None, heads=None):
+    return Layout(shape, grid.dims, (batch, heads, *token_split, None), cuts)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("schedule", ["ring", "all_to_all"])
+def test_sequence_split_over_one_axis(grid1d, causal, schedule):
+    shape = (B, H, 11, D)
+    q, k, v, g = _globals(shape, 1)
+    lay = _layout(shape, grid1d, (0,))
+    _check(grid1d, q, k, v, g, (lay, lay, lay), causal, schedule)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("schedule", ["ring", "all_to_all"])
+def test_patch_grid_split_over_two_axes(grid2d, causal, schedule):
+    shape = (B, H, 5, 7, D)  # uneven over 2x2, 3x1, 2x3...
+    q, k, v, g = _globals(shape, 2)
+    lay = _layout(shape, grid2d, (0, 1))
+    _check(grid2d, q, k, v, g, (lay, lay, lay), causal, schedule)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+def test_volume_split_over_three_axes(grid3d, causal):
+    shape = (B, H, 3, 4, 5, D)
+    q, k, v, g = _globals(shape, 3)
+    lay = _layout(shape, grid3d, (0, 1, 2))
+    _check(grid3d, q, k, v, g, (lay, lay, lay), causal, "ring")
+    if all_to_all_split(lay)[0] is not None:  # at most two axes of more than one rank
+        _check(grid3d, q, k, v, g, (lay, lay, lay), causal, "all_to_all")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+def test_uneven_cuts_with_empty_blocks(grid1d, causal):
+    n = grid1d.dims[0]
+    seq = 7
+    shape = (B, H, seq, D)
+    q, k, v, g = _globals(shape, 4)
+    # the first block empty, the rest as uneven as the sizes allow; keys cut differently from queries
+    qcuts = (0, 0) + tuple(min(seq, 1 + 2 * i) for i in range(1, n - 1)) + (seq,) if n > 1 else None
+    kcuts = (0,) + tuple(min(seq, 3 * i) for i in range(1, n)) + (seq,) if n > 1 else None
+    lq = _layout(shape, grid1d, (0,), cuts=(None, None, qcuts, None))
+    lk = _layout(shape, grid1d, (0,), cuts=(None, None, kcuts, None))
+    for schedule in ("ring", "all_to_all"):
+        _check(grid1d, q, k, v, g, (lq, lk, lk), causal, schedule)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_on_one_axis_tokens_on_the_other(grid2d, causal):
+    shape = (1, H, 11, D)
+    q, k, v, g = _globals(shape, 5)
+    lay = _layout(shape, grid2d, (1,), batch=0)  # a ring per grid row; rows past the first hold no batch
+    # (their empty messages are skipped on both sides: none is left to match a later call's receive)
+    _check(grid2d, q, k, v, g, (lay, lay, lay), causal, "ring")
+    rep = _layout(shape, grid2d, (1,))  # grid axis 0 holds replicas: one ring per replica
+    _check(grid2d, q, k, v, g, (rep, rep, rep), causal, "ring")
+    _check(grid2d, q, k, v, g, (rep, rep, rep), causal, "all_to_all")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+def test_cross_attention_other_key_grid_and_value_width(grid2d, causal):
+    qshape, kshape = (B, H, 5, 7, D), (B, H, 4, 6, D)
+    q, _, _, g = _globals(qshape, 6, dv=6)
+    _, k, v, _ = _globals(kshape, 7, dv=6)
+    lq = _layout(qshape, grid2d, (0, 1))
+    lk = _layout(kshape, grid2d, (0, 1))
+    lv = _layout(kshape[:-1] + (6,), grid2d, (0, 1))
+    for schedule in ("ring", "all_to_all"):
+        _check(grid2d, q, k, v, g, (lq, lk, lv), causal, schedule, scale=0.3)
+
+
+@pytest.mark.mpi
+def test_float32_and_bfloat16_against_float64(grid1d):
+    shape = (B, H, 11, D)
+    q, k, v, g = _globals(shape, 8)
+    lay = _layout(shape, grid1d, (0,))
+    want, _ = _reference(q, k, v, g, True)
+    mine = lay.local_slices(grid1d.coords)
+    for dtype, rtol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        ins = [_dist(x.to(dtype), grid1d, lay) for x in (q, k, v)]
+        y = cp.attention(*ins, causal=True, schedule="ring")
+        y.local.backward(g[mine].to(dtype))
+        assert_equal(grid1d, str(y.local.dtype), str(dtype))
+        assert_allclose(grid1d, y.local.detach().double(), want[mine], rtol=rtol, atol=rtol, what=str(dtype))
+        assert_all(grid1d, all(x.local.grad.dtype == dtype for x in ins), "gradient dtype")
+
+
+@pytest.mark.mpi
+def test_gradient_of_q_only(grid1d):
+    shape = (B, H, 11, D)
+    q, k, v, g = _globals(shape, 9)
+    lay = _layout(shape, grid1d, (0,))
+    dq = _dist(q, grid1d, lay)
+    dk, dv = _dist(k, grid1d, lay, grad=False), _dist(v, grid1d, lay, grad=False)
+    y = cp.attention(dq, dk, dv, causal=True, schedule="ring")
+    mine = lay.local_slices(grid1d.coords)
+    with CommCounter() as c:
+        y.local.backward(g[mine])
+    _, grads = _reference(q, k, v, g, True)
+    assert_allclose(grid1d, dq.local.grad, grads[0][mine], rtol=1e-10, atol=1e-12)
+    assert_equal(grid1d, c.calls.get("Isend", 0) <= grid1d.size - 1, True, what="no dK/dV ring")
+
+
+def _tokens(layout, coords):
+    return math.prod(hi - lo for lo, hi in layout.local_ranges(coords)[2:-1])
+
+
+@pytest.mark.mpi
+def test_ring_sends_each_block_once_per_pass(grid2d):
+    shape = (B, H, 5, 7, D)
+    q, k, v, g = _globals(shape, 10)
+    lay = _layout(shape, grid2d, (0, 1))
+    ins = [_dist(x, grid2d, lay) for x in (q, k, v)]
+    cp.attention(*ins, schedule="ring")  # (first call: the arguments are agreed)
+    size, rank = grid2d.size, grid2d.rank
+    total = 5 * 7
+    per_token = B * H * (D + D) * 8  # K and V of one token, float64
+    own = _tokens(lay, grid2d.coords)
+    succ = _tokens(lay, grid2d.coords_of((rank + 1) % size))  # all axes split tokens: the ring is 0..size-1
+    nonempty = sum(1 for r in range(size) if _tokens(lay, grid2d.coords_of(r)))
+    with CommCounter() as fwd:
+        y = cp.attention(*ins, schedule="ring")
+    with CommCounter() as bwd:
+        y.local.backward(g[lay.local_slices(grid2d.coords)])
+    ring = size > 1
+    assert_equal(grid2d, fwd.bytes_sent, (total - succ) * per_token if ring else 0, what="forward bytes sent")
+    assert_equal(grid2d, fwd.bytes_recv, (total - own) * per_token if ring else 0, what="forward bytes received")
+    assert_equal(grid2d, fwd.messages, (nonempty - (1 if succ else 0)) if ring else 0, what="forward messages")
+    assert_equal(grid2d, set(fwd.calls), {"Isend", "Irecv"} if ring else set(), what="only the ring's messages")
+    # backward: the blocks once more, and every block's dK/dV once, back to its owner
+    assert_equal(grid2d, bwd.bytes_sent, (2 * total - succ) * per_token if ring else 0, what="backward bytes sent")
+    assert_equal(grid2d, bwd.bytes_recv, (2 * total - own) * per_token if ring else 0, what="backward bytes received")
+    everyone = hpctp.comm.allgather_ints(grid2d.comm, [fwd.bytes_sent])
+    assert_equal(
+        grid2d, int(everyone.sum()), (size - 1) * total * per_token if ring else 0, what="each block P-1 times"
+    )
+    cost = predict_attention(lay, lay, lay, 8)["ring"]
+    assert_equal(
+        grid2d, cost.bytes_sent, int(hpctp.comm.allgather_ints(grid2d.comm, [fwd.bytes_sent + bwd.bytes_sent]).max())
+    )
+
+
+class _LargestTensor(TorchFunctionMode):
+    """Records the bytes of the largest tensor any torch function returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+        self.shape: tuple[int, ...] = ()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > self.largest:
+                self.largest = t.numel() * t.element_size()
+                self.shape = tuple(t.shape)
+        return out
+
+
+@pytest.mark.mpi
+def test_ring_memory_per_rank_is_one_block(grid1d, monkeypatch):
+    monkeypatch.setattr(cp, "SCORE_TILE_ELEMENTS", 0)
+    monkeypatch.setattr(cp, "KEY_TILE_MIN", 4)  # score tiles of 4 keys
+    seq, d = 64, 8
+    shape = (B, 2, seq, d)
+    q, k, v, g = _globals(shape, 11)
+    lay = _layout(shape, grid1d, (0,))
+    ins = [_dist(x, grid1d, lay) for x in (q, k, v)]
+    mine = lay.local_slices(grid1d.coords)
+    upstream = g[mine].clone()
+    with _LargestTensor() as probe:
+        y = cp.attention(*ins, causal=True, schedule="ring")
+        y.local.backward(upstream)
+    block = max(lay.block_sizes(2)) * B * 2 * (d + d) * 8  # one rank's K and V, float64
+    full_kv = seq * B * 2 * (d + d) * 8
+    full_scores = seq * seq * B * 2 * 8
+    assert_all(
+        grid1d, probe.largest <= block, f"largest tensor {probe.shape} ({probe.largest} B) > one K/V block ({block} B)"
+    )
+    if grid1d.size > 1:  # no rank holds all K/V, nor a P-th of the attention matrix
+        assert_all(grid1d, probe.largest < full_kv and probe.largest < full_scores // grid1d.size, "O(tokens/P)")
+    want, _ = _reference(q, k, v, g, True)
+    assert_allclose(grid1d, y.local.detach(), want[mine], rtol=1e-10, atol=1e-12, what="tiled output")
+
+
+@pytest.mark.mpi
+def test_auto_schedule_is_the_cost_models_choice(grid2d, caplog):
+    shape = (B, H, 5, 7, D)
+    q, k, v, g = _globals(shape, 12)
+    lay = _layout(shape, grid2d, (0, 1))
+    ins = [_dist(x, grid2d, lay) for x in (q, k, v)]
+    with caplog.at_level("INFO", logger="hpctp.nn.attention"):
+        chosen = cp.attention_schedule(*ins, causal=True)
+    assert_equal(grid2d, chosen, choose_schedule(predict_attention(lay, lay, lay, 8, causal=True)))
+    if grid2d.rank == 0:
+        assert any("schedule" in r.getMessage() for r in caplog.records)
+    everyone = hpctp.comm.allgather_ints(grid2d.comm, [("ring", "all_to_all").index(chosen)])
+    assert_all(grid2d, bool((everyone == everyone[0]).all()), "one choice on every rank")
+    _check(grid2d, q, k, v, g, (lay, lay, lay), True, "auto")
+
+
+@pytest.mark.mpi
+def test_arguments_are_agreed_once(grid1d, monkeypatch):
+    shape = (B, H, 13, D)
+    q, k, v, _ = _globals(shape, 13)
+    lay = _layout(shape, grid1d, (0,))
+    ins = [_dist(x, grid1d, lay, grad=False) for x in (q, k, v)]
+    calls = []
+    agree = hpctp.comm.agree_arguments
+    monkeypatch.setattr(cp.C, "agree_arguments", lambda *a, **kw: (calls.append(a[1]), agree(*a, **kw))[1])
+    for _ in range(3):
+        cp.attention(*ins, causal=True, scale=0.25, schedule="ring")
+    assert_equal(grid1d, calls, ["attention"])
+
+
+@pytest.mark.mpi
+def test_bad_arguments_raise_on_every_rank(grid1d):
+    shape = (B, H, 7, D)
+    q, k, v, _ = _globals(shape, 14)
+    lay = _layout(shape, grid1d, (0,))
+    ins = [_dist(x, grid1d, lay, grad=False) for x in (q, k, v)]
+    with pytest.raises(TypeError, match="DistTensor"):
+        cp.attention(q, k, v)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        cp.attention(*ins, schedule="fast")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        cp.attention(*ins, causal=1)
+    with pytest.raises(ValueError, match="scale"):
+        cp.attention(*ins, scale=float("nan"))
+    as_numpy = hpctp.DistTensor(ins[1].local.numpy(), grid1d, lay)
+    with pytest.raises(TypeError, match="to\\('torch'\\)"):
+        cp.attention(ins[0], as_numpy, ins[2])
+    with pytest.raises(TypeError, match="dtypes"):
+        cp.attention(ins[0], hpctp.DistTensor(ins[1].local.float(), grid1d, lay), ins[2])
+    other = _layout(shape, grid1d, (None,), batch=0)
+    with pytest.raises(ValueError, match="split alike"):
+        cp.attention(ins[0], _dist(k, grid1d, other, False), _dist(v, grid1d, other, False))
+    heads = Layout(shape, grid1d.dims, (None, None, None, 0))
+    with pytest.raises(ValueError, match="head dim"):
+        cp.attention(*[_dist(x, grid1d, heads, False) for x in (q, k, v)])
+    with pytest.raises(ValueError, match="head dim 4 differs"):
+        cp.attention(ins[0], _dist(k[..., :3], grid1d, _layout((B, H, 7, 3), grid1d, (0,)), False), ins[2])
