@@ -6,15 +6,20 @@ get partial gradients on each rank: call :func:`sync_gradients` before the optim
 """
 
 from ..ops.autograd import AllReduceSum, allreduce_sum
-from . import context_parallel, functional
+from . import context_parallel, functional, sequence_parallel
+from .attention import MultiheadAttention
 from .context_parallel import attention_schedule
 from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from .layer_norm import LayerNorm, RMSNorm
 from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
+from .mlp import ParallelMLP
 from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
 from .parallel import broadcast_parameters, check_replicas, sync_gradients
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
+from .state_dict import global_state_dict, load_global_state_dict
+from .transformer import TransformerBlock
 from .upsample import Upsample
 
 __all__ = [
@@ -32,25 +37,33 @@ __all__ = [
     "ConvTranspose2d",
     "ConvTranspose3d",
     "GroupNorm",
+    "LayerNorm",
     "Linear",
     "Linear2D",
     "MaxPool2d",
     "MaxPool3d",
+    "MultiheadAttention",
+    "ParallelMLP",
+    "RMSNorm",
     "RowParallelLinear",
     "SpectralConv1d",
     "SpectralConv2d",
     "SpectralConv3d",
+    "TransformerBlock",
     "Upsample",
     "allreduce_sum",
     "attention_schedule",
-    "context_parallel",
     "broadcast_parameters",
     "check_replicas",
+    "context_parallel",
     "functional",
     "global_l1_loss",
     "global_mean",
     "global_mse_loss",
+    "global_state_dict",
     "global_sum",
+    "load_global_state_dict",
     "relative_l2_error",
+    "sequence_parallel",
     "sync_gradients",
 ]

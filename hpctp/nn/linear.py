@@ -10,7 +10,8 @@ Three ways to cut the weight ``W`` (``out_features x in_features``, torch's conv
   block ``[batch_i, in_j]`` of ``X`` split ``(0, 1)``, output the block ``[batch_i, out_j]``.
 
 ``*_local`` blocks follow balanced cuts (:func:`hpctp.block_range`) of the feature dim
-over the grid axis; "replicated" means identical on every rank along ``axis``. Layers take
+over the grid axis, or the ``out_cuts``/``in_cuts`` given (e.g. whole attention heads);
+"replicated" means identical on every rank along ``axis``. Layers take
 and return local torch blocks. Every sharded parameter carries ``hpctp_layout``, the
 :class:`~hpctp.Layout` of the global parameter on the layer's grid; a parameter without
 it is replicated.
@@ -27,12 +28,15 @@ layers do every reduction their partitioning needs, including the batch sum of
 :class:`Linear2D`'s bias gradient over grid axis 0; so with
 :func:`hpctp.nn.sync_gradients`, pass only data-parallel grid axes (not the axes these
 layers use). Forward and backward are collective over the layer's grid (or ``axis``):
-call them on every rank, with ``requires_grad`` the same on every rank.
+call them on every rank, with ``requires_grad`` the same on every rank. The ranks of
+``axis`` agree on the input's shape and dtype the first time each shape is seen
+(:class:`~hpctp.nn.sequence_parallel.ArgumentAgreement`), not on every call.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,8 +49,17 @@ from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
 from ..linalg.summa import summa_block
 from ..tensor.random import block_uniform
+from .sequence_parallel import ArgumentAgreement, CopyToAxis, SumOverAxis
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Linear2D", "Linear", "init_block"]
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "Linear2D",
+    "Linear",
+    "init_block",
+    "derive_seed",
+    "feature_cuts",
+]
 
 _BIAS_STREAM = 0x5DEECE66D
 
@@ -94,6 +107,37 @@ def _bias_seed(seed: int) -> int:
     return (int(seed) * 6364136223846793005 + _BIAS_STREAM) % 2**63
 
 
+def derive_seed(seed: int, stream: int) -> int:
+    """Local. A seed for a sub-layer (``stream`` 1, 2, ...) of a layer seeded with ``seed``.
+
+    Deterministic and grid-independent, so composite layers (attention, MLP, blocks) draw
+    each weight from its own stream and their gathered parameters do not depend on the grid.
+    """
+    return (int(seed) * 2862933555777941757 + 3037000493 * (int(stream) + 1)) % 2**63
+
+
+def feature_cuts(n: int, parts: int, cuts: Sequence[int] | None, name: str) -> tuple[int, ...]:
+    """Local. Balanced cuts of ``n`` features over ``parts`` ranks, or the given ``cuts`` validated.
+
+    Raises
+    ------
+    ValueError
+        If ``cuts`` is not ``parts + 1`` non-decreasing ints from 0 to ``n``.
+    """
+    if cuts is None:
+        return block_cuts(n, parts)
+    c = tuple(cuts)
+    if (
+        len(c) != parts + 1
+        or not all(is_int(v) for v in c)
+        or c[0] != 0
+        or c[-1] != n
+        or any(b < a for a, b in zip(c, c[1:]))
+    ):
+        raise ValueError(f"{name}={c!r} must be {parts + 1} non-decreasing ints from 0 to {n} (one block per rank)")
+    return tuple(int(v) for v in c)
+
+
 def _parameter(data: torch.Tensor, layout: Layout) -> torch.nn.Parameter:
     """A parameter holding ``data``; it carries ``hpctp_layout`` when ``layout`` splits a dim
     (sharded), none when it is replicated (checkpoints and gradient sync treat it as plain)."""
@@ -139,31 +183,6 @@ def _extent(cuts: tuple[int, ...], i: int) -> int:
 
 
 # ---------------------------------------------------------------------------- adjoint collectives
-class _CopyToAxis(torch.autograd.Function):
-    """Forward identity, backward sum over the axis (the input is used by every rank of it)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Any) -> torch.Tensor:
-        ctx.comm = comm
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return C.allreduce(ctx.comm, dy.contiguous().clone()), None
-
-
-class _SumOverAxis(torch.autograd.Function):
-    """Forward sum over the axis (partial products), backward identity."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Any) -> torch.Tensor:
-        return C.allreduce(comm, x.contiguous().clone())
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return dy, None
-
-
 def _allgather_last(x: torch.Tensor, comm: Any, cuts: tuple[int, ...]) -> torch.Tensor:
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
@@ -202,6 +221,15 @@ class _SliceLast(torch.autograd.Function):
         return _allgather_last(dy, ctx.comm, ctx.cuts), None, None
 
 
+def _signature(x: object, error: Exception | None, whole: bool) -> tuple[Any, ...]:
+    """What the ranks of the axis must agree on: the input's shape (without the last dim when
+    each rank passes its own block of features), dtype and device kind."""
+    if error is not None or not isinstance(x, torch.Tensor):
+        return ("invalid",)
+    shape = tuple(x.shape) if whole else tuple(x.shape[:-1])
+    return (shape, str(x.dtype), x.device.type)
+
+
 def _check_input(x: object, weight: torch.Tensor, features: int, what: str) -> Exception | None:
     if not isinstance(x, torch.Tensor):
         return TypeError(f"{what}: input must be a torch.Tensor, got {type(x).__name__}")
@@ -237,13 +265,16 @@ class ColumnParallelLinear(torch.nn.Module):
         Initialisation seed (grid-independent values).
     dtype : torch.dtype
     device : torch.device or str, optional
+    out_cuts : sequence of int, optional
+        The output features' cuts over the ranks of ``axis`` (``P + 1`` ints from 0 to
+        ``out_features``, e.g. whole attention heads); default balanced.
 
     Raises
     ------
     TypeError
         If ``grid`` is not a ProcessGrid.
     ValueError
-        On non-positive feature counts or a bad ``axis``.
+        On non-positive feature counts, a bad ``axis`` or bad ``out_cuts``.
     """
 
     weight: torch.nn.Parameter
@@ -252,17 +283,27 @@ class ColumnParallelLinear(torch.nn.Module):
     def __init__(
         self, in_features: int, out_features: int, grid: ProcessGrid, *, axis: int = 0, bias: bool = True,
         gather_output: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
+        out_cuts: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.grid = check_grid(grid)
         in_features, out_features = _check_features(in_features, out_features)
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features, self.gather_output = in_features, out_features, bool(gather_output)
-        self.out_cuts = block_cuts(out_features, grid.dims[axis])
-        wl = Layout((out_features, in_features), grid.dims, _split(2, 0, axis))
-        bl = Layout((out_features,), grid.dims, _split(1, 0, axis)) if bias else None
+        self.out_cuts = feature_cuts(out_features, grid.dims[axis], out_cuts, "out_cuts")
+        wl = Layout((out_features, in_features), grid.dims, _split(2, 0, axis), (self.out_cuts, None))
+        bl = Layout((out_features,), grid.dims, _split(1, 0, axis), (self.out_cuts,)) if bias else None
         _init_parameters(self, grid, wl, bl, seed, dtype, device)
         _mark_complete(self, (self.axis,))
+        self._agreed = ArgumentAgreement()
+
+    def local_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Local. ``x W_local^T + b_local`` on the whole input, inside a tensor-parallel region.
+
+        The caller entered the region (:func:`hpctp.nn.sequence_parallel.enter_parallel_region`),
+        so the input gradient is summed over ``axis`` there.
+        """
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Collective over grid. Ranks along ``axis`` only; ``[..., in] -> [..., out_local]`` (or ``[..., out]``).
@@ -283,8 +324,9 @@ class ColumnParallelLinear(torch.nn.Module):
             (before the layer's messages).
         """
         comm = self.grid.sub(self.axis)
-        C.raise_if_any(comm, _check_input(x, self.weight, self.in_features, "ColumnParallelLinear"))
-        y = torch.nn.functional.linear(_CopyToAxis.apply(x, comm), self.weight, self.bias)
+        error = _check_input(x, self.weight, self.in_features, "ColumnParallelLinear")
+        self._agreed.check(comm, "ColumnParallelLinear", _signature(x, error, whole=True), error)
+        y = self.local_forward(CopyToAxis.apply(x, comm))
         return _GatherLast.apply(y, comm, self.out_cuts) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -315,13 +357,16 @@ class RowParallelLinear(torch.nn.Module):
     seed : int
     dtype : torch.dtype
     device : torch.device or str, optional
+    in_cuts : sequence of int, optional
+        The input features' cuts over the ranks of ``axis`` (``P + 1`` ints from 0 to
+        ``in_features``, e.g. whole attention heads); default balanced.
 
     Raises
     ------
     TypeError
         If ``grid`` is not a ProcessGrid.
     ValueError
-        On non-positive feature counts or a bad ``axis``.
+        On non-positive feature counts, a bad ``axis`` or bad ``in_cuts``.
     """
 
     weight: torch.nn.Parameter
@@ -330,6 +375,7 @@ class RowParallelLinear(torch.nn.Module):
     def __init__(
         self, in_features: int, out_features: int, grid: ProcessGrid, *, axis: int = 0, bias: bool = True,
         input_is_parallel: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
+        in_cuts: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.grid = check_grid(grid)
@@ -337,11 +383,20 @@ class RowParallelLinear(torch.nn.Module):
         self.axis = _check_axis(grid, axis)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = bool(input_is_parallel)
-        self.in_cuts = block_cuts(in_features, grid.dims[axis])
-        wl = Layout((out_features, in_features), grid.dims, _split(2, 1, axis))
+        self.in_cuts = feature_cuts(in_features, grid.dims[axis], in_cuts, "in_cuts")
+        wl = Layout((out_features, in_features), grid.dims, _split(2, 1, axis), (None, self.in_cuts))
         bl = Layout((out_features,), grid.dims, (None,)) if bias else None  # replicated
         _init_parameters(self, grid, wl, bl, seed, dtype, device)
         _mark_complete(self, (self.axis,))
+        self._agreed = ArgumentAgreement()
+
+    def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Local. This rank's partial product ``x_local W_local^T`` (no bias), inside a tensor-parallel region.
+
+        The caller sums it over ``axis`` when leaving the region
+        (:func:`hpctp.nn.sequence_parallel.leave_parallel_region`) and adds ``bias``.
+        """
+        return torch.nn.functional.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Collective over grid. Ranks along ``axis`` only; ``[..., in_local] -> [..., out]``.
@@ -363,10 +418,11 @@ class RowParallelLinear(torch.nn.Module):
         """
         comm = self.grid.sub(self.axis)
         local_in = self.weight.shape[1] if self.input_is_parallel else self.in_features
-        C.raise_if_any(comm, _check_input(x, self.weight, local_in, "RowParallelLinear"))
+        error = _check_input(x, self.weight, local_in, "RowParallelLinear")
+        self._agreed.check(comm, "RowParallelLinear", _signature(x, error, whole=not self.input_is_parallel), error)
         if not self.input_is_parallel:
             x = _SliceLast.apply(x, comm, self.in_cuts)
-        y = _SumOverAxis.apply(torch.nn.functional.linear(x, self.weight), comm)
+        y = SumOverAxis.apply(self.partial_forward(x), comm)
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:

@@ -4,4 +4,5 @@
 * ``helpers.tensors``: a small DistTensor with known values, its splits, gathering, gradient checks.
 * ``helpers.layers``: a partitioned layer against torch on the gathered field (values and gradients).
 * ``helpers.linear``: the single-process torch reference of a tensor-parallel linear layer.
+* ``helpers.transformer``: the single-process torch references of the transformer layers (attention, MLP, block).
 """

@@ -1,0 +1,239 @@
+"""A pre-norm transformer block with tensor parallelism over one grid axis, optionally sequence-parallel.
+
+``x = x + dropout(attention(norm1(x)))``, then ``x = x + dropout(mlp(norm2(x)))``: torch's
+``TransformerEncoderLayer(norm_first=True, batch_first=True)``. The attention (split over
+heads, :class:`~hpctp.nn.MultiheadAttention`) and the MLP (:class:`~hpctp.nn.ParallelMLP`)
+are the tensor-parallel regions; the norms, dropout and residual additions lie between them.
+
+Without sequence parallelism the ranks of ``axis`` all hold the whole ``[batch, tokens,
+embed]`` activations between the regions; each region ends with one all-reduce forward and
+starts with one backward. With ``sequence_parallel=True`` they hold only their block of the
+tokens (dim 1, any cuts): entering a region all-gathers the tokens, leaving it
+reduce-scatters them, which moves the bytes of a bandwidth-optimal all-reduce while the
+norms, dropout and residuals keep ``1/P`` of the activations. The token cuts and the
+arguments are agreed in one small ``Allgather`` per block call.
+
+Gradients: every parameter's gradient is complete along ``axis`` after backward and marked
+``hpctp_grad_reduced``, except, with sequence parallelism, those of the norms and of the
+two output biases (each rank saw only its tokens): one
+``hpctp.nn.sync_gradients(block, grid)`` sums them over ``axis``, and everything over
+data-parallel axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._util.ints import is_int
+from ..comm import ProcessGrid, check_grid
+from .attention import MultiheadAttention
+from .layer_norm import LayerNorm, RMSNorm
+from .linear import derive_seed
+from .mlp import ParallelMLP
+
+__all__ = ["TransformerBlock", "ATTENTION_KINDS", "NORMS"]
+
+#: Attention kinds a :class:`TransformerBlock` can hold. Another kind plugs in through
+#: :func:`_attention_layer`: a module called as ``attn(h, attn_mask=..., key_padding_mask=...,
+#: is_causal=..., token_cuts=...) -> (y, None)`` with ``h`` and ``y`` in the block's token
+#: layout, with an ``agree(h, h, h, attn_mask, key_padding_mask, is_causal)`` returning the
+#: token cuts (e.g. ``"ring"``: ring attention over the split tokens, hpctp.nn.context_parallel).
+ATTENTION_KINDS = ("heads",)
+
+NORMS: dict[str, type[LayerNorm] | type[RMSNorm]] = {"layer": LayerNorm, "rms": RMSNorm}
+
+# torch.nn.TransformerEncoderLayer's names of the MLP's linears, and this block's
+_TORCH_NAMES = (("linear1.", "mlp.linear1."), ("linear2.", "mlp.linear2."))
+
+
+def _attention_layer(kind: str, embed_dim: int, num_heads: int, grid: ProcessGrid, **kwargs: Any) -> MultiheadAttention:
+    """Local. The block's attention module of ``kind`` (see :data:`ATTENTION_KINDS`)."""
+    if kind == "heads":
+        return MultiheadAttention(embed_dim, num_heads, grid, **kwargs)
+    if kind == "ring":
+        raise ValueError(
+            "attention='ring' (ring attention over split tokens) is not available in TransformerBlock yet; "
+            "use attention='heads'"
+        )
+    raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
+
+
+class TransformerBlock(torch.nn.Module):
+    """Local. A pre-norm transformer block, tensor-parallel over grid ``axis`` (see the module docstring).
+
+    Gathered (:func:`hpctp.nn.global_state_dict`), its state is that of
+    ``torch.nn.TransformerEncoderLayer(embed_dim, num_heads, int(mlp_ratio * embed_dim),
+    dropout, activation, layer_norm_eps=eps, batch_first=True, norm_first=True, bias=bias)``
+    (``norm="layer"``): ``self_attn.*``, ``linear1.*``, ``linear2.*``, ``norm1.*``, ``norm2.*``.
+
+    Parameters
+    ----------
+    embed_dim : int
+    num_heads : int
+        Divides ``embed_dim``; split over the ranks of ``axis`` (unevenly if need be).
+    mlp_ratio : float
+        Hidden features of the MLP: ``int(mlp_ratio * embed_dim)``.
+    grid : ProcessGrid
+    axis : int
+        The tensor-parallel grid axis; ranks along other axes hold other data (data parallelism).
+    sequence_parallel : bool
+        Inputs and outputs are this rank's block of the tokens (dim 1).
+    attention : str
+        ``"heads"``: :class:`~hpctp.nn.MultiheadAttention` split over heads.
+    norm : {"layer", "rms"}
+        :class:`~hpctp.nn.LayerNorm` or :class:`~hpctp.nn.RMSNorm` over the (whole) embedding.
+    activation : str or callable
+        The MLP's activation (see :class:`~hpctp.nn.ParallelMLP`).
+    dropout : float
+        Dropout probability of the two residual branches in training (torch's ``dropout1`` and
+        ``dropout2``; the MLP's hidden units and the attention weights are not dropped). Without
+        sequence parallelism the ranks of ``axis`` draw the same masks, so replicas stay equal.
+    bias : bool
+        Biases of the projections and of the norms.
+    eps : float
+        The norms' epsilon.
+    seed : int
+        Grid-independent initial values.
+    dtype : torch.dtype
+    device : torch.device or str, optional
+
+    Raises
+    ------
+    TypeError
+        If ``grid`` is not a ProcessGrid.
+    ValueError
+        On invalid sizes, ``axis``, ``attention``, ``norm``, ``activation`` or ``dropout``.
+    """
+
+    def __init__(
+        self, embed_dim: int, num_heads: int, mlp_ratio: float, grid: ProcessGrid, *, axis: int = 0,
+        sequence_parallel: bool = False, attention: str = "heads", norm: str = "layer",
+        activation: str | Callable[[torch.Tensor], torch.Tensor] = "gelu", dropout: float = 0.0,
+        bias: bool = True, eps: float = 1e-5, seed: int = 0, dtype: torch.dtype = torch.float32, device: Any = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.grid = check_grid(grid)
+        if not is_int(embed_dim) or embed_dim < 1:
+            raise ValueError(f"embed_dim must be a positive int, got {embed_dim!r}")
+        if not isinstance(mlp_ratio, (int, float)) or int(mlp_ratio * embed_dim) < 1:
+            raise ValueError(f"mlp_ratio={mlp_ratio!r} leaves the MLP no hidden feature (embed_dim={embed_dim})")
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
+        self.sequence_parallel = bool(sequence_parallel)
+        self.dropout = float(dropout)
+        self.attention = attention
+        kw: dict[str, Any] = {"axis": axis, "bias": bias, "sequence_parallel": sequence_parallel}
+        kw.update(dtype=dtype, device=device)
+        self.self_attn = _attention_layer(attention, embed_dim, num_heads, grid, seed=derive_seed(seed, 1), **kw)
+        self.axis = self.self_attn.axis
+        hidden = int(mlp_ratio * embed_dim)
+        self.mlp = ParallelMLP(embed_dim, hidden, grid, activation=activation, seed=derive_seed(seed, 2), **kw)
+        norm_kw: dict[str, Any] = {"eps": eps, "dtype": dtype, "device": device}
+        if norm == "layer":
+            norm_kw["bias"] = bias
+        self.norm1 = NORMS[norm](embed_dim, grid, **norm_kw)
+        self.norm2 = NORMS[norm](embed_dim, grid, **norm_kw)
+        if not self.sequence_parallel:  # whole tokens on every rank of axis: the norms' gradients are complete
+            for p in list(self.norm1.parameters()) + list(self.norm2.parameters()):
+                p.hpctp_grad_reduced = (self.axis,)  # type: ignore[attr-defined]
+        coords = list(grid.coords)
+        if not self.sequence_parallel:
+            coords[self.axis] = 0  # the ranks of axis draw the same dropout masks
+        self._dropout_seed = derive_seed(derive_seed(seed, 3), grid.rank_of(tuple(coords)))
+        self._generator: torch.Generator | None = None
+
+    # ------------------------------------------------------------------ global state (torch's names)
+    def hpctp_export_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Local. Gathered state under ``torch.nn.TransformerEncoderLayer``'s names (``mlp.linear1.`` -> ``linear1.``).
+
+        Parameters
+        ----------
+        state : dict
+            This module's gathered state (keys relative to the module).
+
+        Returns
+        -------
+        dict
+        """
+        out = {}
+        for k, v in state.items():
+            for torch_name, ours in _TORCH_NAMES:
+                if k.startswith(ours):
+                    k = torch_name + k[len(ours) :]
+            out[k] = v
+        return out
+
+    def hpctp_import_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Local. ``torch.nn.TransformerEncoderLayer``'s names to this block's (``linear1.`` -> ``mlp.linear1.``).
+
+        Parameters
+        ----------
+        state : dict
+            torch's state for this module (keys relative to the module).
+
+        Returns
+        -------
+        dict
+        """
+        out = {}
+        for k, v in state.items():
+            for torch_name, ours in _TORCH_NAMES:
+                if k.startswith(torch_name):
+                    k = ours + k[len(torch_name) :]
+            out[k] = v
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def _drop(self, y: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.dropout == 0.0:
+            return y
+        if self._generator is None or self._generator.device != y.device:
+            self._generator = torch.Generator(device=y.device).manual_seed(self._dropout_seed)
+        keep = torch.rand(y.shape, generator=self._generator, device=y.device, dtype=y.dtype) >= self.dropout
+        return y * keep / (1.0 - self.dropout)
+
+    def forward(
+        self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None, is_causal: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
+        """Collective over the ranks of ``axis``. One block on ``[batch, tokens, embed]``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[batch, tokens, embed]``, the same on every rank of ``axis`` (with sequence
+            parallelism: this rank's block of the tokens).
+        attn_mask, key_padding_mask, is_causal
+            As for :class:`~hpctp.nn.MultiheadAttention` (over all the tokens).
+
+        Returns
+        -------
+        torch.Tensor
+            Same shape and layout as ``x``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            On invalid arguments, on every rank of ``axis``.
+        """
+        # before the norm, which checks only locally: an input wrong on one rank raises on all of the axis
+        # (without sequence parallelism the verdict is cached: the sublayers' own checks then cost nothing)
+        cuts = self.self_attn.agree(x, x, x, attn_mask, key_padding_mask, is_causal)
+        h = self.norm1(x)
+        a, _ = self.self_attn(
+            h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, token_cuts=cuts
+        )
+        x = x + self._drop(a)
+        m = self.mlp(self.norm2(x), token_cuts=None if cuts is None else cuts[0])
+        return x + self._drop(m)
+
+    def extra_repr(self) -> str:
+        return (
+            f"grid={self.grid.dims}, axis={self.axis}, sequence_parallel={self.sequence_parallel}, "
+            f"attention={self.attention!r}, dropout={self.dropout}"
+        )
