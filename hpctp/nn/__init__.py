@@ -14,8 +14,18 @@ from .layer_norm import LayerNorm, RMSNorm
 from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
 from .mlp import ParallelMLP
+from .neighborhood import NeighborhoodAttention2d, NeighborhoodAttention3d
 from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
 from .parallel import broadcast_parameters, check_replicas, sync_gradients
+from .patch import (
+    PatchEmbed2d,
+    PatchEmbed3d,
+    Unpatch2d,
+    Unpatch3d,
+    patch_aligned_layout,
+    patched_layout,
+    unpatched_layout,
+)
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from .state_dict import global_state_dict, load_global_state_dict
@@ -43,13 +53,19 @@ __all__ = [
     "MaxPool2d",
     "MaxPool3d",
     "MultiheadAttention",
+    "NeighborhoodAttention2d",
+    "NeighborhoodAttention3d",
     "ParallelMLP",
+    "PatchEmbed2d",
+    "PatchEmbed3d",
     "RMSNorm",
     "RowParallelLinear",
     "SpectralConv1d",
     "SpectralConv2d",
     "SpectralConv3d",
     "TransformerBlock",
+    "Unpatch2d",
+    "Unpatch3d",
     "Upsample",
     "allreduce_sum",
     "attention_schedule",
@@ -63,7 +79,10 @@ __all__ = [
     "global_state_dict",
     "global_sum",
     "load_global_state_dict",
+    "patch_aligned_layout",
+    "patched_layout",
     "relative_l2_error",
     "sequence_parallel",
     "sync_gradients",
+    "unpatched_layout",
 ]
