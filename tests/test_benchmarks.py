@@ -59,6 +59,10 @@ SMALL = {
         ["--rows", "64", "--cols", "48", "--fft", "12", "--halo", "40", "--rounds", "1", "--no-heat"],
         ["| redistribute |", "| rfftn |", "| halo |", "equals numpy-block redistribute: True"],
     ),
+    "attention.py": (
+        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1".split(),
+        ["| 32 | 16 | 4 |", "| forward+backward |", "| one process, SDPA", "per rank / one process (math)"],
+    ),
 }
 
 
@@ -88,6 +92,12 @@ def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
         for move in ("redistribute", "rfftn", "halo"):
             row = next(line for line in out.splitlines() if line.startswith(f"| {move} |"))
             assert row.endswith("numpy 0, torch 0 |"), row
+    if script == "attention.py":  # the block (hpctp and DTensor) equals torch's layer, the ring equals SDPA
+        block = out.split("max rel diff vs torch:")[1].split("\n")[0].replace(";", " ").split()
+        ring = out.split("max rel diff vs SDPA (max over ranks):")[1].split("\n")[0].replace(",", " ").split()
+        for diffs in (block, ring):
+            values = [float(v) for v in diffs if v[0].isdigit()]
+            assert len(values) == 4 and max(values) < 1e-5, out[-2000:]
     if script == "fno.py":  # only the truncated spectrum travels in forward, not the field
         ratio = float(out.split("forward / field =")[1].split()[0])
         assert ratio < 0.1, out[-2000:]
