@@ -56,12 +56,14 @@ def test_simulation_matches_single_process_numpy(grid2d: hpctp.ProcessGrid) -> N
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("model", ["unet", "fno"])
+@pytest.mark.parametrize("model", ["unet", "fno", "vit"])
 def test_training_matches_single_process_torch(
     grid2d: hpctp.ProcessGrid, tmp_path_factory: pytest.TempPathFactory, model: str
 ) -> None:
     weight = 0.5 if model == "fno" else 0.0  # the FNO run also trains on the high-wavenumber term
     cfg = load_config(TINY, ["simulation.size=[12, 10]", f"surrogate.model={model}", f"train.spectral_weight={weight}"])
+    if model == "vit":  # 6 x 5 tokens of 2 x 2 patches (cut inside a patch on 2x2, 1x4, 3 ranks); ring attention
+        cfg["surrogate"].update(patch=2, embed=8, depth=2, heads=2, mlp_ratio=2.0, attention="global", schedule="ring")
     cfg["simulation"]["grid"] = list(grid2d.dims)
     tmp = np.zeros(256, dtype=np.uint8)  # one directory for all ranks, chosen by rank 0
     if grid2d.rank == 0:

@@ -1,6 +1,7 @@
 """Surrogate architectures built from hpctp.nn layers on a spatially partitioned field.
 
-All three (a residual CNN, a U-Net and a Fourier neural operator) map a state ``[B, C, H, W]`` (a DistTensor split ``(None, None, 0, 1)``) to the state
+All four (a residual CNN, a U-Net, a Fourier neural operator and a vision transformer,
+:mod:`apps.surrogate.vit`) map a state ``[B, C, H, W]`` (a DistTensor split ``(None, None, 0, 1)``) to the state
 ``horizon`` snapshots later as ``x + s * f(x)``, with circular padding (the domain is periodic);
 ``s`` (buffer ``delta_scale``) is the RMS change between paired snapshots, set by
 :func:`apps.surrogate.train.fit_delta_scale`, so ``f`` learns an O(1) target.
@@ -23,8 +24,12 @@ from hpctp.nn.functional import spectral_conv_fft
 from hpctp.nn.spectral import spectral_weight
 
 from .blocks import cat_channels, pointwise, with_local
+from .vit import ViT
 
-__all__ = ["FNO", "ResidualCNN", "UNet", "build_model"]
+__all__ = ["FNO", "MODELS", "ResidualCNN", "UNet", "ViT", "build_model"]
+
+MODELS = ("fno", "cnn", "unet", "vit")
+"""The ``surrogate.model`` names :func:`build_model` knows."""
 
 
 def _conv(
@@ -192,10 +197,14 @@ class FNO(torch.nn.Module):
 def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | None) -> torch.nn.Module:
     """Local. The model of the ``[surrogate]`` config section (``grid=None``: one-process torch reference).
 
+    ``model = "vit"`` reads ``patch``, ``embed``, ``depth``, ``heads``, ``mlp_ratio``, ``attention``
+    (``"global"`` or ``"neighborhood"``), ``kernel_size`` and ``schedule`` (defaults: 4, 32, 2, 4, 2.0,
+    "global", 5, "ring"; see :class:`apps.surrogate.vit.ViT`).
+
     Raises
     ------
     ValueError
-        On an unknown model name or dtype.
+        On an unknown model name or dtype, or invalid ViT keys.
     """
     dtype = {"float32": torch.float32, "float64": torch.float64}.get(cfg["dtype"])
     if dtype is None:
@@ -206,4 +215,19 @@ def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | No
         return ResidualCNN(channels, cfg["width"], cfg["depth"], grid, cfg["seed"], dtype)
     if cfg["model"] == "fno":
         return FNO(channels, cfg["width"], cfg["depth"], cfg["modes"], grid, cfg["seed"], dtype)
-    raise ValueError(f"surrogate.model must be 'unet', 'cnn' or 'fno', got {cfg['model']!r}")
+    if cfg["model"] == "vit":
+        return ViT(
+            channels,
+            patch=cfg.get("patch", 4),
+            embed=cfg.get("embed", 32),
+            depth=cfg.get("depth", 2),
+            heads=cfg.get("heads", 4),
+            mlp_ratio=float(cfg.get("mlp_ratio", 2.0)),
+            attention=cfg.get("attention", "global"),
+            kernel_size=cfg.get("kernel_size", 5),
+            schedule=cfg.get("schedule", "ring"),
+            grid=grid,
+            seed=cfg["seed"],
+            dtype=dtype,
+        )
+    raise ValueError(f"surrogate.model must be one of {MODELS}, got {cfg['model']!r}")

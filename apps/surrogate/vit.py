@@ -1,0 +1,385 @@
+"""A vision-transformer surrogate on the spatially partitioned field (``model = "vit"``).
+
+The state ``[B, C, H, W]`` (a DistTensor split ``(None, None, 0, 1)``) is cut into ``patch x patch``
+patches (:class:`hpctp.nn.PatchEmbed2d`, local), each a token of ``embed`` channels plus a fixed
+sin/cos embedding of its global token coordinates (periodic in the domain, so it does not depend on
+the rank count). ``depth`` pre-norm blocks follow, per token ``t``::
+
+    t = t + attn(LayerNorm(t))            # multi-head, q/k/v/out projections per token
+    t = t + mlp(LayerNorm(t))             # Linear(E, r E) -> GELU -> Linear(r E, E)
+
+where ``attn`` is exact attention over *all* tokens of the field
+(:func:`hpctp.nn.functional.attention`, ``attention = "global"``: the token dims stay split as the
+field, K/V blocks travel a ring or move all-to-all) or over the ``kernel_size`` window of each token
+on the torus (:class:`hpctp.nn.NeighborhoodAttention2d`, ``attention = "neighborhood"``: one halo
+exchange). A last LayerNorm and :class:`hpctp.nn.Unpatch2d` (zero-initialised, so the untrained model
+is persistence, as the other surrogates) give ``f(x)``; the prediction is ``x + s * f(x)``.
+
+The token layout is the field's with its cuts divided by ``patch``. Where a cut of the field is not on
+a patch boundary (e.g. 64 rows over 3 ranks), the input moves once onto
+:func:`hpctp.nn.patch_aligned_layout` and the output moves back (both differentiable). LayerNorm, the
+projections and the MLP are per token, hence local: their replicated parameters get partial gradients
+that :func:`hpctp.nn.sync_gradients` sums, as for the conv layers.
+
+With ``grid=None`` the same parameters (same seeds) run with plain torch ops (a strided conv,
+``scaled_dot_product_attention`` over the flattened tokens, with the periodic window as a boolean
+mask for the neighbourhood kind): the one-process reference.
+
+Heads are not split over a tensor axis: the apps run the simulation, the data and the model on one
+2-D grid whose axes both cut the field, so there is no axis along which the field is replicated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import hpctp
+from hpctp.nn import NeighborhoodAttention2d, PatchEmbed2d, Unpatch2d, patch_aligned_layout
+from hpctp.nn.functional import attention
+from hpctp.ops.move import move_block
+
+__all__ = ["ViT", "periodic_window_mask", "sincos_position"]
+
+ATTENTION_KINDS = ("global", "neighborhood")
+SCHEDULES = ("ring", "all_to_all", "auto")
+
+
+def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """Local. ``make()`` with torch's RNG forked and seeded (the same values on every rank and grid)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+def sincos_position(
+    embed: int, sizes: tuple[int, int], ranges: tuple[tuple[int, int], tuple[int, int]], dtype: torch.dtype
+) -> torch.Tensor:
+    """Local. The fixed positional embedding of the tokens ``ranges`` of an ``sizes`` token grid.
+
+    Channel groups of ``m = embed // 4``: ``sin(2 pi k i / n_0)``, ``cos(...)`` of the row ``i``, then
+    the same of the column ``j``, with integer wavenumbers ``k = 1 + (c mod max(n // 2, 1))``, so the
+    embedding is periodic on the torus; the ``embed mod 4`` last channels are zero.
+
+    Parameters
+    ----------
+    embed : int
+        Channels of a token.
+    sizes : (int, int)
+        Global token counts per spatial dim.
+    ranges : ((int, int), (int, int))
+        Global ``(start, stop)`` of this block's tokens per spatial dim.
+    dtype : torch.dtype
+
+    Returns
+    -------
+    torch.Tensor
+        ``[rows, cols, embed]`` (channels last).
+    """
+    m = embed // 4
+    (r0, r1), (c0, c1) = ranges
+    out = torch.zeros(r1 - r0, c1 - c0, embed, dtype=torch.float64)
+    for d, ((lo, hi), n) in enumerate(zip(ranges, sizes)):
+        k = 1 + torch.arange(m, dtype=torch.float64) % max(n // 2, 1)
+        phase = 2 * math.pi * torch.arange(lo, hi, dtype=torch.float64).unsqueeze(1) * k / n  # [tokens, m]
+        shape = (-1, 1, m) if d == 0 else (1, -1, m)
+        out[..., 2 * d * m : (2 * d + 1) * m] = torch.sin(phase).reshape(shape)
+        out[..., (2 * d + 1) * m : (2 * d + 2) * m] = torch.cos(phase).reshape(shape)
+    return out.to(dtype)
+
+
+def periodic_window_mask(sizes: tuple[int, int], kernel_size: int) -> torch.Tensor:
+    """Local. Bool ``[L, L]`` over the row-major flattened tokens: True where key ``b`` lies in the
+    ``kernel_size`` window centred on query ``a`` on the torus (the one-process neighbourhood attention)."""
+    r = kernel_size // 2
+    near = []
+    for n in sizes:
+        i = torch.arange(n)
+        dist = (i.unsqueeze(1) - i.unsqueeze(0)) % n
+        near.append(torch.minimum(dist, n - dist) <= r)  # [n, n]
+    return (near[0][:, None, :, None] & near[1][None, :, None, :]).reshape(sizes[0] * sizes[1], -1)
+
+
+class _GlobalAttention(torch.nn.Module):
+    """Collective over grid (local for ``grid=None``). Multi-head attention of every token to every token.
+
+    Parameters and their initial values are ``torch.nn.MultiheadAttention``'s (and
+    :class:`hpctp.nn.NeighborhoodAttention2d`'s): ``in_proj_weight [3E, E]`` (xavier), ``in_proj_bias``
+    (zeros), ``out_proj`` (a Linear, bias zero).
+    """
+
+    def __init__(
+        self,
+        embed: int,
+        heads: int,
+        kernel_size: int | None,
+        schedule: str,
+        grid: hpctp.ProcessGrid | None,
+        dtype: torch.dtype,
+    ):
+        super().__init__()
+        self.embed, self.heads, self.kernel_size, self.schedule, self.grid = embed, heads, kernel_size, schedule, grid
+        self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed, embed, dtype=dtype))
+        self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * embed, dtype=dtype))
+        self.out_proj = torch.nn.Linear(embed, embed, dtype=dtype)  # (torch's order: its init draws first)
+        torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        with torch.no_grad():
+            self.out_proj.bias.zero_()
+
+    def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
+        """Collective over grid when ``layout`` is given. ``t``: the token block ``[N, rows, cols, E]``."""
+        n, rows, cols, e = t.shape
+        h = self.heads
+        qkv = F.linear(t, self.in_proj_weight, self.in_proj_bias)  # [N, rows, cols, 3E]
+        q, k, v = (a.unflatten(-1, (h, e // h)).permute(0, 3, 1, 2, 4) for a in qkv.split(e, dim=-1))
+        if layout is None:  # one process: SDPA over the flattened tokens
+            mask = None if self.kernel_size is None else periodic_window_mask((rows, cols), self.kernel_size)
+            y = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), attn_mask=mask)
+            y = y.unflatten(2, (rows, cols))
+        else:
+            grid = self.grid
+            if grid is None:
+                raise ValueError("a token layout needs the model's grid")
+            shape = (layout.global_shape[0], h, *layout.global_shape[2:], e // h)
+            lay = hpctp.Layout(
+                shape, grid.dims, (None, None, *layout.split[2:], None), (None, None, *layout.dim_cuts[2:], None)
+            )
+            dq, dk, dv = (hpctp.DistTensor(a.contiguous(), grid, lay) for a in (q, k, v))
+            y = attention(dq, dk, dv, schedule=self.schedule).local
+        return self.out_proj(y.permute(0, 2, 3, 1, 4).reshape(n, rows, cols, e))
+
+
+class _NeighborhoodAttention(torch.nn.Module):
+    """Collective over grid (local for ``grid=None``). :class:`hpctp.nn.NeighborhoodAttention2d` (periodic)
+    on a channels-last token block; one process: the same parameters, SDPA with the window as a mask."""
+
+    def __init__(
+        self, embed: int, heads: int, kernel_size: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
+    ):
+        super().__init__()
+        if grid is None:
+            self.attn: torch.nn.Module = _seeded(
+                seed, lambda: _GlobalAttention(embed, heads, kernel_size, "ring", None, dtype)
+            )
+        else:
+            self.attn = NeighborhoodAttention2d(
+                embed, heads, kernel_size, grid, split=(0, 1), periodic=True, seed=seed, dtype=dtype
+            )
+
+    def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
+        """Collective over grid when ``layout`` is given. ``t``: the token block ``[N, rows, cols, E]``."""
+        if layout is None:
+            return self.attn(t, None)
+        return self.attn(t.movedim(-1, 1), layout).movedim(1, -1)
+
+
+class _Block(torch.nn.Module):
+    """Collective over grid. A pre-norm transformer block on a channels-last token block."""
+
+    def __init__(
+        self,
+        embed: int,
+        heads: int,
+        mlp_ratio: float,
+        kind: str,
+        kernel_size: int,
+        schedule: str,
+        grid: hpctp.ProcessGrid | None,
+        seed: int,
+        dtype: torch.dtype,
+    ):
+        super().__init__()
+        self.norm1 = torch.nn.LayerNorm(embed, dtype=dtype)
+        if kind == "neighborhood":
+            self.attn: torch.nn.Module = _NeighborhoodAttention(embed, heads, kernel_size, grid, seed, dtype)
+        else:
+            self.attn = _seeded(seed, lambda: _GlobalAttention(embed, heads, None, schedule, grid, dtype))
+        hidden = max(1, round(embed * mlp_ratio))
+        self.norm2 = torch.nn.LayerNorm(embed, dtype=dtype)
+        self.mlp = _seeded(
+            seed + 1,
+            lambda: torch.nn.Sequential(
+                torch.nn.Linear(embed, hidden, dtype=dtype),
+                torch.nn.GELU(),
+                torch.nn.Linear(hidden, embed, dtype=dtype),
+            ),
+        )
+
+    def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
+        """Collective over grid when ``layout`` is given. The block's output, ``t``'s shape."""
+        t = t + self.attn(self.norm1(t), layout)
+        return t + self.mlp(self.norm2(t))
+
+
+def _zero(layer: Any) -> None:
+    """Local. Zero a layer's weight and bias: the untrained model predicts persistence exactly."""
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+
+
+class _TorchUnpatch(torch.nn.Module):
+    """Local. One process: :class:`hpctp.nn.Unpatch2d` (per-token Linear + pixel shuffle) with torch ops."""
+
+    def __init__(self, embed: int, channels: int, patch: int, dtype: torch.dtype):
+        super().__init__()
+        lin = torch.nn.Linear(embed, channels * patch * patch, dtype=dtype)
+        self.weight, self.bias = lin.weight, lin.bias
+        self.patch = patch
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        y = F.linear(t.movedim(1, -1), self.weight, self.bias).movedim(-1, 1)  # [N, C p^2, rows, cols]
+        return F.pixel_shuffle(y, self.patch)
+
+
+class ViT(torch.nn.Module):
+    """Collective over grid. A vision transformer over the patches of the field (see :mod:`apps.surrogate.vit`).
+
+    Parameters
+    ----------
+    channels : int
+        Fields of the state (2 for Gray-Scott).
+    patch : int
+        Patch edge; the field's sizes must be multiples of it.
+    embed, depth, heads : int
+        Token channels, transformer blocks, attention heads (dividing ``embed``).
+    mlp_ratio : float
+        Hidden width of the MLP over ``embed``.
+    attention : {"global", "neighborhood"}
+        Every token to every token, or to the ``kernel_size`` window around it (periodic).
+    kernel_size : int
+        Odd window edge (in tokens) of the neighbourhood attention.
+    schedule : {"ring", "all_to_all", "auto"}
+        Of the global attention (:func:`hpctp.nn.functional.attention`).
+    grid : ProcessGrid or None
+        None: the one-process torch reference.
+    seed : int
+    dtype : torch.dtype
+
+    Raises
+    ------
+    ValueError
+        On non-positive sizes, ``heads`` not dividing ``embed``, an unknown attention kind or schedule,
+        an even ``kernel_size``.
+    """
+
+    delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
+
+    def __init__(
+        self,
+        channels: int,
+        patch: int,
+        embed: int,
+        depth: int,
+        heads: int,
+        mlp_ratio: float,
+        attention: str,
+        kernel_size: int,
+        schedule: str,
+        grid: hpctp.ProcessGrid | None,
+        seed: int,
+        dtype: torch.dtype,
+    ):
+        for name, value in (("patch", patch), ("embed", embed), ("depth", depth), ("heads", heads)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"surrogate.{name} must be a positive int, got {value!r}")
+        if embed % heads:
+            raise ValueError(f"surrogate.heads={heads} must divide surrogate.embed={embed}")
+        if not mlp_ratio > 0:
+            raise ValueError(f"surrogate.mlp_ratio must be positive, got {mlp_ratio!r}")
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"surrogate.attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"surrogate.schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(
+                f"surrogate.kernel_size must be an odd positive int (a centred window), got {kernel_size!r}"
+            )
+        super().__init__()
+        self.grid, self.patch, self.embed_dim = grid, patch, embed
+        self.kind, self.kernel_size = attention, kernel_size
+        if grid is None:
+            self.embed: torch.nn.Module = _seeded(
+                seed, lambda: torch.nn.Conv2d(channels, embed, patch, stride=patch, dtype=dtype)
+            )
+        else:
+            self.embed = PatchEmbed2d(channels, embed, patch, grid, split=(0, 1), seed=seed, dtype=dtype)
+        self.blocks = torch.nn.ModuleList(
+            [
+                _Block(embed, heads, mlp_ratio, attention, kernel_size, schedule, grid, seed + 1 + 2 * i, dtype)
+                for i in range(depth)
+            ]
+        )
+        self.norm = torch.nn.LayerNorm(embed, dtype=dtype)
+        last = seed + 1 + 2 * depth
+        if grid is None:
+            self.head: torch.nn.Module = _seeded(last, lambda: _TorchUnpatch(embed, channels, patch, dtype))
+        else:
+            self.head = Unpatch2d(embed, channels, patch, grid, split=(0, 1), seed=last, dtype=dtype)
+        _zero(self.head)
+        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+
+    def _check(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """Local (global shapes: the same verdict on every rank). The token grid of a field of ``shape``."""
+        sizes = shape[2:]
+        if len(sizes) != 2 or any(s % self.patch for s in sizes):
+            raise ValueError(
+                f"the ViT surrogate needs a 2-D field whose sizes are multiples of surrogate.patch={self.patch}, "
+                f"got {tuple(sizes)}; choose simulation.size or surrogate.patch accordingly"
+            )
+        rows, cols = sizes[0] // self.patch, sizes[1] // self.patch
+        if self.kind == "neighborhood" and self.kernel_size > min(rows, cols):
+            raise ValueError(
+                f"surrogate.kernel_size={self.kernel_size} exceeds the token grid {rows} x {cols} "
+                f"(field {tuple(sizes)} / patch {self.patch}); use kernel_size <= {min(rows, cols)}"
+            )
+        return rows, cols
+
+    def _tokens(self, t: torch.Tensor, blocks: list[torch.nn.Module], layout: hpctp.Layout | None) -> torch.Tensor:
+        """Local or collective as the blocks: embedded tokens ``t [N, E, rows, cols]`` -> the last norm's output."""
+        if layout is None:
+            ranges = ((0, t.shape[2]), (0, t.shape[3]))
+            sizes = (t.shape[2], t.shape[3])
+        else:
+            grid = self.grid
+            if grid is None:
+                raise ValueError("a token layout needs the model's grid")
+            lr = layout.local_ranges(grid.coords)
+            ranges, sizes = (lr[2], lr[3]), (layout.global_shape[2], layout.global_shape[3])
+        h = t.movedim(1, -1) + sincos_position(self.embed_dim, sizes, ranges, t.dtype)
+        for block in blocks:
+            h = block(h, layout)
+        return self.norm(h).movedim(-1, 1)
+
+    def forward(self, x: Any) -> Any:
+        """Collective over grid. The predicted state (same layout as ``x``).
+
+        Raises
+        ------
+        ValueError
+            If the field's sizes are not multiples of the patch, or the window exceeds the token grid.
+        """
+        blocks = list(self.blocks)
+        if isinstance(x, torch.Tensor):
+            self._check(tuple(x.shape))
+            f = self.head(self._tokens(self.embed(x), blocks, None))
+            return x + f * self.delta_scale
+        grid = self.grid
+        if grid is None:
+            raise TypeError("the one-process ViT (grid=None) takes a torch.Tensor, got a DistTensor")
+        self._check(x.global_shape)
+        lay = x.layout
+        aligned = patch_aligned_layout(lay, self.patch)
+        grad = torch.is_grad_enabled() and x.local.requires_grad
+        xa = x if aligned == lay else hpctp.DistTensor(move_block(x.local, grid, lay, aligned, grad), grid, aligned)
+        t = self.embed(xa)  # DistTensor token field [N, E, rows, cols]
+        h = self._tokens(t.local, blocks, t.layout)
+        f = self.head(hpctp.DistTensor(h, grid, t.layout))  # DistTensor of the aligned layout
+        out = f.local
+        if aligned != lay:
+            out = move_block(out, grid, aligned, lay, torch.is_grad_enabled() and out.requires_grad)
+        return hpctp.DistTensor(x.local + out * self.delta_scale, grid, lay)
