@@ -1,6 +1,7 @@
 """Exact attention over tokens split on 1-, 2- and 3-D grids (hpctp.nn.context_parallel) against torch's
 scaled_dot_product_attention of the flattened tokens on one process: forward and q/k/v gradients in float64,
-causal and not, uneven and empty blocks, both schedules; the ring's bytes (CommCounter) and its memory."""
+causal and not, uneven and empty blocks, both schedules; the ring's per-block paths (torch's CPU flash kernels
+in pieces, key tiles) in float32; the ring's bytes (CommCounter) and its memory."""
 
 from __future__ import annotations
 
@@ -215,15 +216,17 @@ def test_ring_sends_each_block_once_per_pass(grid2d):
 
 
 class _LargestTensor(TorchFunctionMode):
-    """Records the bytes of the largest tensor any torch function returns."""
+    """Records the bytes of the largest tensor any torch function returns, and the names of the functions."""
 
     def __init__(self) -> None:
         super().__init__()
         self.largest = 0
         self.shape: tuple[int, ...] = ()
+        self.called: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
+        self.called.add(getattr(func, "__name__", str(func)))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > self.largest:
                 self.largest = t.numel() * t.element_size()
@@ -231,10 +234,16 @@ class _LargestTensor(TorchFunctionMode):
         return out
 
 
+_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+
+
 @pytest.mark.mpi
-def test_ring_memory_per_rank_is_one_block(grid1d, monkeypatch):
+@pytest.mark.parametrize("path", ["flash", "tiles"])
+def test_ring_memory_per_rank_is_one_block(grid1d, monkeypatch, path):
+    monkeypatch.setattr(cp, "FLASH_BLOCKS", path == "flash")
     monkeypatch.setattr(cp, "SCORE_TILE_ELEMENTS", 0)
     monkeypatch.setattr(cp, "KEY_TILE_MIN", 4)  # score tiles of 4 keys
+    monkeypatch.setattr(cp, "MASK_ELEMENTS", 64)  # float masks of 64 (query, key) pairs
     seq, d = 64, 8
     shape = (B, 2, seq, d)
     q, k, v, g = _globals(shape, 11)
@@ -253,8 +262,65 @@ def test_ring_memory_per_rank_is_one_block(grid1d, monkeypatch):
     )
     if grid1d.size > 1:  # no rank holds all K/V, nor a P-th of the attention matrix
         assert_all(grid1d, probe.largest < full_kv and probe.largest < full_scores // grid1d.size, "O(tokens/P)")
+    assert_all(grid1d, (_FLASH in probe.called) == (path == "flash"), f"{path}: flash kernel called")
     want, _ = _reference(q, k, v, g, True)
-    assert_allclose(grid1d, y.local.detach(), want[mine], rtol=1e-10, atol=1e-12, what="tiled output")
+    assert_allclose(grid1d, y.local.detach(), want[mine], rtol=1e-10, atol=1e-12, what=f"{path}: output")
+
+
+def _covered(pieces, seen, n):
+    """How often each (query, key) pair of a block is attended by its pieces."""
+    count = np.zeros((len(seen), n), dtype=np.int64)
+    for p in pieces:
+        keys = np.arange(p.k0, p.k1)
+        if p.causal:
+            visible = keys[None, :] - p.k0 <= np.arange(p.r1 - p.r0)[:, None]
+        elif p.limit is not None:
+            visible = keys[None, :] - p.k0 < p.limit[:, None]
+        else:
+            visible = np.ones((p.r1 - p.r0, p.k1 - p.k0), dtype=bool)
+        count[p.r0 : p.r1, p.k0 : p.k1] += visible
+    return count
+
+
+@pytest.mark.parametrize("mask_elements", [1, 64, 1 << 16])
+def test_flash_pieces_cover_each_visible_pair_once(monkeypatch, mask_elements):
+    monkeypatch.setattr(cp, "MASK_ELEMENTS", mask_elements)
+    rng = np.random.default_rng(0)
+    n = 40
+    cases = [
+        np.arange(1, 41),  # a diagonal block: one causal square
+        np.arange(0, 60) // 2,  # two queries per key: masks
+        np.concatenate([np.zeros(5, int), np.arange(3, 23), np.full(30, 22), np.arange(22, 41), np.full(6, n)]),
+        np.repeat(np.arange(0, 41, 8), 7),  # a staircase (keys split over another grid axis)
+    ]
+    cases += [np.sort(rng.integers(0, n + 1, size=m)) for m in (1, 17, 50, 90)]
+    for seen in cases:
+        pieces = cp._staircase(seen, n)
+        want = np.arange(n)[None, :] < seen[:, None]
+        assert (_covered(pieces, seen, n) == want).all(), seen
+        for p in pieces:  # no piece is empty, nor holds a query that sees none of its keys
+            assert p.r1 > p.r0 and p.k1 > p.k0
+            if p.limit is not None:  # masks of at most MASK_ELEMENTS pairs (one query's keys when more)
+                assert p.limit.min() >= 1
+                assert (p.r1 - p.r0) * (p.k1 - p.k0) <= max(mask_elements, p.k1 - p.k0)
+        if len(seen) >= cp.CAUSAL_RUN_MIN and (np.diff(seen) == 1).all() and seen[0] >= 1 and seen[-1] < n:
+            assert any(p.causal for p in pieces) and not any(p.limit is not None for p in pieces)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_elements", [64, 1 << 16])
+def test_flash_blocks_float32_against_sdpa(grid2d, monkeypatch, causal, mask_elements):
+    monkeypatch.setattr(cp, "MASK_ELEMENTS", mask_elements)
+    qshape, kshape = (1, 2, 16, 12, 8), (1, 2, 10, 14, 8)
+    f32 = torch.float32
+    for shapes, seed in (((qshape, qshape), 15), ((qshape, kshape), 16)):  # self- and cross-attention
+        q, _, _, g = _globals(shapes[0], seed, f32)
+        _, k, v, _ = _globals(shapes[1], seed + 10, f32)
+        lq, lk = _layout(shapes[0], grid2d, (0, 1)), _layout(shapes[1], grid2d, (0, 1))
+        with _LargestTensor() as probe:
+            _check(grid2d, q, k, v, g, (lq, lk, lk), causal, "ring", rtol=1e-5, atol=1e-6)
+        assert_all(grid2d, _FLASH in probe.called, "the flash kernels attend the blocks")
 
 
 @pytest.mark.mpi

@@ -8,15 +8,22 @@ flattened tokens (row-major, ``x.flatten(2, -2)``), in the queries' layout.
 **Ring** (:mod:`hpctp.layout.ring` plans it): the ranks that share every non-token coordinate
 (the token sub-grid: all ranks that split the tokens, over one axis or several) pass K/V
 blocks around one ring, row-major over the sub-grid. At each step a rank posts the receive of
-the next block and the send of the current one, attends its queries to the current block (in
-key tiles of at most :data:`SCORE_TILE_ELEMENTS` scores, at least :data:`KEY_TILE_MIN` keys)
-and merges with the running maximum and sum of exponentials (float32 for half inputs, else the
-input's dtype), testing the messages between tiles so they progress, then waits. Every K/V
-block is sent once per pass by each rank but the one before its owner; no rank holds more than
-two K/V blocks (six blocks' worth in backward) and one score tile: memory O(tokens / P).
-Messages of empty blocks (uneven cuts) are skipped on both sides. Causal attention (query
+the next block and the send of the current one, attends its queries to the current block and
+merges the result into the running output, testing the messages between pieces so they progress,
+then waits. On CPU, with one head dim for q, k and v, each block goes to torch's CPU flash kernels
+(``_scaled_dot_product_flash_attention_for_cpu``, no score matrix held): the blocks' outputs merge by
+their log-sum-exp, and backward calls the flash backward per block with the global output and
+log-sum-exp (which gives that block's exact dQ/dK/dV share). Else (CUDA, or v's head dim differing)
+the block is attended in key tiles of at most :data:`SCORE_TILE_ELEMENTS` scores (at least
+:data:`KEY_TILE_MIN` keys), merged with the running maximum and sum of exponentials. Accumulation
+is in float32 for half inputs, else in the input's dtype. Every K/V block is sent once per
+pass by each rank but the one before its owner; no rank holds more than two K/V blocks (four
+blocks' worth in backward, five with key tiles) and one score tile or flash piece: memory
+O(tokens / P). Messages of empty blocks (uneven cuts) are skipped on both sides. Causal attention (query
 ``i`` sees key ``j <= i`` in the flattened order) skips blocks that are wholly hidden (still
-forwarding them) and masks partly visible ones. The backward pass recomputes each block's
+forwarding them) and masks partly visible ones (flash: each query sees a prefix of the block's
+keys, so the block splits into unmasked pieces, causal squares on diagonal runs and small float
+masks of at most :data:`MASK_ELEMENTS` pairs). The backward pass recomputes each block's
 probabilities from the saved log-sum-exp; the K/V blocks travel the ring again, and each block's
 ``dK/dV`` travels behind it, each rank adding its share, until it reaches its owner. With
 contiguous blocks a causal ring is unbalanced (the last rank sees every key); the
@@ -45,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -59,7 +67,10 @@ from ..tensor.core import DistTensor
 from .attention_cost import AttentionCost, choose_schedule, predict_attention
 
 __all__ = [
+    "CAUSAL_RUN_MIN",
+    "FLASH_BLOCKS",
     "KEY_TILE_MIN",
+    "MASK_ELEMENTS",
     "RING_GRAD_TAG",
     "RING_TAG",
     "SCORE_TILE_ELEMENTS",
@@ -75,6 +86,14 @@ SCORE_TILE_ELEMENTS = 1 << 22
 """Scores (``batch x heads x queries x keys``) one ring step holds at once; keys are tiled to stay below it."""
 KEY_TILE_MIN = 64
 """Fewest keys of a tile (a rank with many queries holds ``batch x heads x queries x KEY_TILE_MIN`` scores)."""
+FLASH_BLOCKS = True
+"""Attend each K/V block with torch's CPU flash kernels where they apply (CPU blocks, one head dim for q, k and
+v, no empty block); else (and with False) in key tiles."""
+MASK_ELEMENTS = 1 << 16
+"""Most (query, key) pairs of one float mask (the flash path's pieces of partly visible blocks off a diagonal)."""
+CAUSAL_RUN_MIN = 16
+"""Fewest queries of a diagonal run (each sees one key more than the one before) attended with the flash
+kernel's own causal mask; shorter runs take a float mask."""
 
 _SCHEDULE_CHOICES = ("ring", "all_to_all", "auto")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -291,6 +310,163 @@ def _backward_block(
             poke()
 
 
+# ---------------------------------------------------------------------------------------------- flash blocks
+@dataclass(frozen=True, eq=False)
+class _Piece:
+    """Queries ``[r0, r1)`` of a block attend its keys ``[k0, k1)``: all of them, causally (query ``r0 + i`` sees
+    keys up to ``k0 + i``), or as ``limit`` says (query ``r0 + i`` sees the keys below ``k0 + limit[i]``)."""
+
+    r0: int
+    r1: int
+    k0: int
+    k1: int
+    causal: bool = False
+    limit: np.ndarray | None = None
+
+
+def _flash_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Local. Whether torch's CPU flash kernels can attend these blocks (they need one head dim, no empty dim)."""
+    return (
+        FLASH_BLOCKS
+        and q.device.type == "cpu"
+        and q.shape[-1] == k.shape[-1] == v.shape[-1]
+        and q.numel() > 0
+        and k.shape[0] * k.shape[1] * k.shape[-1] > 0
+    )
+
+
+def _masked_pieces(seen: np.ndarray, a: int, b: int) -> list[_Piece]:
+    """Queries ``[a, b)`` (each seeing ``seen[i] >= 1`` keys, nondecreasing) in pieces of at most
+    :data:`MASK_ELEMENTS` masked pairs: an unmasked piece of the keys all of them see, and a masked one."""
+    out = []
+    while a < b:
+        lo = int(seen[a]) - 1  # keys [0, lo) are seen by every query of the piece
+        widths = seen[a : min(b, a + max(1, MASK_ELEMENTS))] - lo
+        area = np.arange(1, len(widths) + 1) * widths  # (queries, keys) of a piece ending at each query
+        r1 = a + max(1, int(np.searchsorted(area, MASK_ELEMENTS, side="right")))
+        if lo:
+            out.append(_Piece(a, r1, 0, lo))
+        out.append(_Piece(a, r1, lo, int(seen[r1 - 1]), limit=seen[a:r1] - lo))
+        a = r1
+    return out
+
+
+def _staircase(seen: np.ndarray, n: int) -> list[_Piece]:
+    """Pieces of a partly visible block of ``n`` keys whose query ``i`` sees its first ``seen[i]`` keys.
+
+    Queries that see no key are left out, those that see all take one unmasked piece; a diagonal run
+    (each query sees one key more than the one before) of at least :data:`CAUSAL_RUN_MIN` queries takes an
+    unmasked piece and a causal square; the rest take float masks (:func:`_masked_pieces`)."""
+    lq = len(seen)
+    start = int(np.searchsorted(seen, 0, side="right"))
+    stop = int(np.searchsorted(seen, n, side="left"))
+    pieces = [_Piece(stop, lq, 0, n)] if stop < lq else []
+    breaks = np.flatnonzero(np.diff(seen[start:stop]) != 1) + start + 1
+    bounds = [start, *breaks.tolist(), stop]
+    masked_from = start
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b - a < CAUSAL_RUN_MIN:
+            continue
+        pieces += _masked_pieces(seen, masked_from, a)
+        lo = int(seen[a]) - 1
+        if lo:
+            pieces.append(_Piece(a, b, 0, lo))
+        pieces.append(_Piece(a, b, lo, lo + b - a, causal=True))
+        masked_from = b
+    return pieces + _masked_pieces(seen, masked_from, stop)
+
+
+def _flash_pieces(plan: RingPlan) -> list[list[_Piece]]:
+    """Local. The pieces of each step's block (none for a hidden or empty one)."""
+    lq = plan.q_tokens
+    q_index: np.ndarray | None = None
+    out: list[list[_Piece]] = []
+    for step in plan.steps:
+        if step.visibility == "none" or not step.tokens or not lq:
+            out.append([])
+        elif step.visibility == "all":
+            out.append([_Piece(0, lq, 0, step.tokens)])
+        else:
+            if q_index is None:
+                q_index = flat_token_indices(plan.q_ranges, plan.q_shape)
+            k_index = flat_token_indices(step.ranges, plan.kv_shape)  # increasing, as q_index
+            out.append(_staircase(np.searchsorted(k_index, q_index, side="right"), step.tokens))
+    return out
+
+
+def _piece_mask(piece: _Piece, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The additive float mask (0 or -inf, ``[queries, keys]``) of a masked piece, else None."""
+    if piece.limit is None:
+        return None
+    limit = torch.from_numpy(piece.limit).to(device)
+    hidden = torch.arange(piece.k1 - piece.k0, device=device)[None, :] >= limit[:, None]
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, -math.inf)
+
+
+def _flash_forward_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], scale: float,
+    pieces: list[_Piece], poke: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Merge the attention of ``q`` to one K/V block (torch's CPU flash kernel per piece) into the running
+    ``(lse, out)`` (out normalised): ``out = sum_b exp(lse_b - lse) out_b``; ``poke`` after each piece."""
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    lse, o = state
+    for p in pieces:
+        rows, keys = slice(p.r0, p.r1), slice(p.k0, p.k1)
+        mask = _piece_mask(p, q.dtype, q.device)
+        o_p, lse_p = kernel(q[:, :, rows], k[:, :, keys], v[:, :, keys], 0.0, p.causal, attn_mask=mask, scale=scale)
+        del mask
+        lse_run, o_run = lse[:, :, rows], o[:, :, rows]
+        new = torch.logaddexp(lse_run, lse_p)  # every query of a piece sees a key: finite
+        o_run.mul_(lse_run.sub_(new).exp_()[..., None]).addcmul_(o_p, lse_p.sub_(new).exp_()[..., None])
+        lse_run.copy_(new)
+        del o_p, lse_p, new
+        if poke is not None:
+            poke()
+
+
+def _flash_backward_block(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    dq: torch.Tensor | None, scale: float, pieces: list[_Piece], poke: Callable[[], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Add one K/V block's share to ``dq`` (torch's CPU flash backward per piece, with the global ``out`` and
+    ``lse``; None: no share yet, the first becomes it) and return ``(dq, dK, dV)`` of the block; ``poke``
+    after each piece."""
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    acc = _acc_dtype(q.dtype)
+    whole = len(pieces) == 1 and pieces[0].k0 == 0 and pieces[0].k1 == k.shape[2]
+    dk = dv = None
+    if not whole:
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    for p in pieces:
+        rows, keys = slice(p.r0, p.r1), slice(p.k0, p.k1)
+        mask = _piece_mask(p, q.dtype, q.device)
+        dq_p, dk_p, dv_p = kernel(
+            dout[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows], lse[:, :, rows],
+            0.0, p.causal, attn_mask=mask, scale=scale,
+        )  # fmt: skip
+        del mask
+        if dq is None and p.r0 == 0 and p.r1 == q.shape[2] and dq_p.dtype == acc:
+            dq = dq_p
+        else:
+            if dq is None:
+                dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+            dq[:, :, rows].add_(dq_p)
+        del dq_p
+        if dk is None or dv is None:
+            dk, dv = dk_p, dv_p
+        else:
+            dk[:, :, keys].add_(dk_p)
+            dv[:, :, keys].add_(dv_p)
+        del dk_p, dv_p
+        if poke is not None:
+            poke()
+    if dq is None or dk is None or dv is None:  # (no piece: not called)
+        raise ValueError("attention: a flash block without pieces")
+    return dq, dk, dv
+
+
 # ---------------------------------------------------------------------------------------------- the ring
 class _Buffers:
     """Flat pooled message buffers of one dtype (released together)."""
@@ -389,102 +565,149 @@ class _KVRing:
 
 
 def _ring_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Collective over the ring. ``(out, lse)`` of this rank's queries (accumulation dtype)."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float,
+    pieces: list[list[_Piece]] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Collective over the ring. ``(out, lse)`` of this rank's queries (accumulation dtype); ``pieces``: each
+    step's flash pieces (:func:`_flash_pieces`), or None for key tiles."""
     b, h, lq, _ = q.shape
     acc = _acc_dtype(q.dtype)
-    qa = q.to(acc)
-    m = torch.full((b, h, lq), -math.inf, dtype=acc, device=q.device)
-    denom = torch.zeros((b, h, lq), dtype=acc, device=q.device)  # the sum of exponentials
     o = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
-    q_index, k_index = _indices(plan, q.device)
+    lse = torch.full((b, h, lq), -math.inf, dtype=acc, device=q.device)  # key tiles: the running maximum
+    if pieces is None:
+        qa = q.to(acc)
+        denom = torch.zeros((b, h, lq), dtype=acc, device=q.device)  # the sum of exponentials
+        q_index, k_index = _indices(plan, q.device)
     ring = _KVRing(grid, plan, k, v)
     try:
         for s, step in enumerate(plan.steps):
             ring.start(s)
-            if step.visibility != "none":
+            if pieces is not None:
+                if pieces[s]:
+                    kk, vv = ring.block(s)
+                    _flash_forward_block(q, kk, vv, (lse, o), scale, pieces[s], _poke(ring.pending))
+            elif step.visibility != "none":
                 kk, vv = ring.block(s)
-                _forward_block(qa, kk, vv, (m, denom, o), scale, q_index, k_index[s], _poke(ring.pending))
+                _forward_block(qa, kk, vv, (lse, denom, o), scale, q_index, k_index[s], _poke(ring.pending))
             ring.advance()
     finally:
         ring.release()
-    o.div_(denom[..., None])
-    return o, m.add_(torch.log(denom))
+    if pieces is None:
+        o.div_(denom[..., None])
+        lse.add_(torch.log(denom))
+    return o, lse
+
+
+def _zeros_if_none(x: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(like.shape, dtype=dtype, device=like.device) if x is None else x
 
 
 def _ring_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool,
+    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool, pieces: list[list[_Piece]] | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Collective over the ring. ``(dq, dk, dv)`` (accumulation dtype; ``dk``/``dv`` None unless ``want_kv``).
 
     The K/V blocks travel as in the forward pass. Each block's dK/dV follows one step behind
-    it: a rank computes its share of the block it holds into a scratch buffer, then waits for
-    the dK/dV accumulated so far (sent by its predecessor after that rank's share), adds, and
-    sends it on; after the last step every block's dK/dV has reached its owner. Three buffers
-    rotate for the travelling dK/dV, so a send has a whole step to complete before its buffer
-    receives again.
+    it: a rank computes its share of the block it holds (flash pieces: the kernel's own tensors;
+    key tiles: a scratch buffer), then waits for the dK/dV accumulated so far (sent by its
+    predecessor after that rank's share), adds, and sends it on; after the last step every block's
+    dK/dV has reached its owner. Two buffers alternate for the travelling dK/dV: the one that
+    receives the next block's is the one sent the step before, so that send has the step's K/V
+    exchange to complete in (and has, the successor having posted its receive a step earlier).
     """
     b, h, lq, d = q.shape
     acc = _acc_dtype(q.dtype)
-    qa, doa = q.to(acc), dout.to(acc)
-    delta = (doa * out.to(acc)).sum(dim=-1)
-    dq = torch.zeros((b, h, lq, d), dtype=acc, device=q.device)
-    q_index, k_index = _indices(plan, q.device)
+    dq: torch.Tensor | None = None  # flash: the first block's share becomes it
+    if pieces is None:
+        dq = dq_tiles = torch.zeros((b, h, lq, d), dtype=acc, device=q.device)
+        qa, doa = q.to(acc), dout.to(acc)
+        delta = (doa * out.to(acc)).sum(dim=-1)
+        q_index, k_index = _indices(plan, q.device)
     n = plan.size
     ring = _KVRing(grid, plan, k, v)
-    # dK/dV buffers: three travel in rotation, one takes a step's share
-    grads = _Buffers(4 if want_kv and n > 1 else 0, ring.numel, acc, k)
+    # dK/dV buffers: two travel in turn (key tiles: one more takes a step's share)
+    travel = want_kv and n > 1
+    # (plain tensors, not pooled: the one that comes home is returned as it is, the others freed)
+    grads = [
+        torch.empty(ring.numel, dtype=acc, device=k.device) for _ in range((2 if pieces is not None else 3) * travel)
+    ]
     own_k = own_v = None
-    if n == 1 and want_kv:
+    if want_kv and not travel:
         own_k, own_v = (
             torch.zeros(k.shape, dtype=acc, device=k.device),
             torch.zeros(v.shape, dtype=acc, device=v.device),
         )
+
     try:
-        travelling, scratch = grads.flat[:3], grads.flat[3:]
+        travelling, scratch = grads[:2], grads[2:]
         sends: dict[int, C.Pending] = {}
         arriving: C.Pending | None = None
         for s, step in enumerate(plan.steps):
             ring.start(s)
             kk, vv = ring.block(s)
-            if not want_kv or n == 1:
-                if step.visibility != "none":
-                    _backward_block(qa, kk, vv, doa, lse, delta, dq, own_k, own_v, scale, q_index, k_index[s])
+            if not travel:
+                if pieces is not None:
+                    if pieces[s]:
+                        dq, dk_s, dv_s = _flash_backward_block(dout, q, kk, vv, out, lse, dq, scale, pieces[s])
+                        if own_k is not None and own_v is not None:
+                            own_k.add_(dk_s)
+                            own_v.add_(dv_s)
+                        del dk_s, dv_s
+                elif step.visibility != "none":
+                    _backward_block(qa, kk, vv, doa, lse, delta, dq_tiles, own_k, own_v, scale, q_index, k_index[s])
                 ring.advance()
                 continue
             incoming, arriving = arriving, None
-            if s - 2 in sends:
-                sends.pop(s - 2).wait()  # the buffer about to receive has sent its last message
+            if s - 1 in sends:
+                sends.pop(s - 1).wait()  # the buffer about to receive has sent its last message
             if ring.count(s + 1):  # the next block's dK/dV (after the last step: our own, home again)
-                nxt = travelling[(s + 1) % 3]
+                nxt = travelling[(s + 1) % 2]
                 arriving = C.irecv(grid.comm, nxt[: ring.count(s + 1)], plan.recv_from, RING_GRAD_TAG)
             size = ring.count(s)
-            share = travelling[0] if s == 0 else scratch[0]
-            share[:size].zero_()
-            if step.visibility != "none":
-                dk_s, dv_s = ring.views(share, s)
-                poke = _poke(ring.pending + ([arriving] if arriving else []))
-                _backward_block(qa, kk, vv, doa, lse, delta, dq, dk_s, dv_s, scale, q_index, k_index[s], poke)
-            total = travelling[s % 3]
-            if s > 0:
-                if incoming is not None:
-                    incoming.wait()
-                total[:size].add_(share[:size])
+            total = travelling[s % 2]
+            poke = _poke(ring.pending + ([arriving] if arriving else []))
+            if pieces is not None:  # the kernel's dK/dV, computed before the wait, added after it
+                got = None
+                if pieces[s]:
+                    dq, *got = _flash_backward_block(dout, q, kk, vv, out, lse, dq, scale, pieces[s], poke)
+                tk, tv = ring.views(total, s)
+                if s == 0:  # our own block: its share starts the total
+                    if got is None:
+                        total[:size].zero_()
+                    else:
+                        tk.copy_(got[0])
+                        tv.copy_(got[1])
+                else:
+                    if incoming is not None:
+                        incoming.wait()
+                    if got is not None:
+                        tk.add_(got[0])
+                        tv.add_(got[1])
+                del got
+            else:  # key tiles: the share in a buffer (our own block's: the total)
+                share = total if s == 0 else scratch[0]
+                share[:size].zero_()
+                if step.visibility != "none":
+                    dk_s, dv_s = ring.views(share, s)
+                    _backward_block(qa, kk, vv, doa, lse, delta, dq_tiles, dk_s, dv_s, scale, q_index, k_index[s], poke)
+                if s > 0:
+                    if incoming is not None:
+                        incoming.wait()
+                    total[:size].add_(share[:size])
             if size:
                 sends[s] = C.isend(grid.comm, total[:size], plan.send_to, RING_GRAD_TAG)
             ring.advance()
-        if not want_kv or n == 1:
-            return dq, own_k, own_v
+        if not travel:
+            return _zeros_if_none(dq, q, acc), own_k, own_v
         if arriving is not None:
             arriving.wait()
         C.waitall(list(sends.values()))
-        home_k, home_v = ring.views(travelling[n % 3], 0)
-        return dq, home_k.clone(), home_v.clone()
+        home_k, home_v = ring.views(travelling[n % 2], 0)
+        return _zeros_if_none(dq, q, acc), home_k, home_v
     finally:
         ring.release()
-        grads.release()
+        grads.clear()
 
 
 class _RingAttention(torch.autograd.Function):
@@ -494,10 +717,11 @@ class _RingAttention(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
     ) -> torch.Tensor:
-        out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale)
+        pieces = _flash_pieces(plan) if _flash_applies(q, k, v) else None
+        out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, pieces)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.grid, ctx.plan, ctx.scale = grid, plan, scale
+        ctx.grid, ctx.plan, ctx.scale, ctx.pieces = grid, plan, scale, pieces
         return out
 
     @staticmethod
@@ -505,7 +729,17 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         want_kv = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
         dq, dk, dv = _ring_backward(
-            dout.contiguous(), q.detach(), k.detach(), v.detach(), out, lse, ctx.grid, ctx.plan, ctx.scale, want_kv
+            dout.contiguous(),
+            q.detach(),
+            k.detach(),
+            v.detach(),
+            out,
+            lse,
+            ctx.grid,
+            ctx.plan,
+            ctx.scale,
+            want_kv,
+            ctx.pieces,
         )
         return (
             dq.to(q.dtype),
