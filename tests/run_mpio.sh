@@ -6,10 +6,21 @@
 # Parallel HDF5 comes from the system, as on a cluster (`module load hdf5/parallel`):
 #   Debian/Ubuntu: libhdf5-mpich-dev (installed by tests/system_deps.sh when run as root), or set
 #   HDF5_PKGCONFIG_NAME (pkg-config name) or HDF5_DIR, plus MPICC and MPIEXEC of the same MPI.
-# mpi4py and h5py are compiled against that MPI and HDF5 (about 5 minutes on 2 cores) into
-# .venv-mpio, once; later runs reuse it. mpi4py is built at -O1: its one large C file needs a few
-# minutes and under 1 GB of memory that way (at -O3, many GB).
+# .venv-mpio is built once; later runs reuse it (rebuilt when setup.cfg, constraints.txt or this
+# script change):
+#   mpi4py  PyPI's binary wheel, which loads the MPI library it finds at run time (MPICH's or Open
+#           MPI's ABI). It is pointed at the library $MPICC links: lib/libmpi.so in the venv (the
+#           first place mpi4py looks), and, where that library's name differs from the ABI's
+#           (Debian's MPICH is libmpich.so.12, the wheel asks for libmpi.so.12), the wheel's
+#           extension is relinked to it with patchelf. Without patchelf (or MPI4PY_FROM_SOURCE=1)
+#           mpi4py is compiled instead (about 1.5 minutes of one core at -O1; its one large C
+#           file needs many GB of memory at -O3).
+#   h5py    compiled against that MPI and HDF5 (about 2.5 minutes of one core); the wheel is kept in
+#           build/mpio-wheels/, keyed by the versions it was built against, so a rebuilt .venv-mpio
+#           does not compile it again.
 # Usage: tests/run_mpio.sh [pytest args]    (default: the IO test files)
+#        tests/run_mpio.sh --build-only     build .venv-mpio and stop (tests/make_test.sh runs this
+#                                           in the background while the main suite runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -19,7 +30,14 @@ MPICC=${MPICC:-mpicc.mpich}
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
 H5PY_VERSION=${H5PY_VERSION:-3.16.*}
 MPI4PY_VERSION=${MPI4PY_VERSION:-4.1.*}
+MPI4PY_FROM_SOURCE=${MPI4PY_FROM_SOURCE:-}
 export HDF5_PKGCONFIG_NAME
+
+build_only=
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 
 have_parallel_hdf5() {
   if [ -n "${HDF5_DIR:-}" ]; then
@@ -30,7 +48,7 @@ have_parallel_hdf5() {
 }
 
 if ! have_parallel_hdf5; then
-  bash tests/system_deps.sh libhdf5-mpich-dev pkg-config
+  bash tests/system_deps.sh libhdf5-mpich-dev pkg-config patchelf
   if ! have_parallel_hdf5; then
     echo "run_mpio.sh: no parallel HDF5 found (pkg-config $HDF5_PKGCONFIG_NAME, MPICC=$MPICC)." >&2
     echo "  Install libhdf5-mpich-dev (Debian/Ubuntu), or set HDF5_DIR or HDF5_PKGCONFIG_NAME," >&2
@@ -39,20 +57,83 @@ if ! have_parallel_hdf5; then
   fi
 fi
 
+# mpi_library: "SONAME PATH" of the MPI library that $MPICC links (Debian's MPICH: libmpich.so.12)
+mpi_library() {
+  local dir rc=0
+  dir=$(mktemp -d)
+  printf '#include <mpi.h>\nint main(int c, char **v) { MPI_Init(&c, &v); return MPI_Finalize(); }\n' > "$dir/t.c"
+  "$MPICC" "$dir/t.c" -o "$dir/t" && LC_ALL=C ldd "$dir/t" | awk '$1 ~ /^libmpi/ && $3 ~ /^\// {print $1, $3; exit}' || rc=$?
+  rm -rf "$dir"
+  return "$rc"
+}
+
+# install_mpi4py_wheel PIP...: PyPI's mpi4py wheel, on the MPI library of $MPICC; false if it cannot be
+# (no patchelf where the extension needs relinking), so that the caller compiles mpi4py instead
+install_mpi4py_wheel() {
+  local soname path abi ext needed
+  read -r soname path < <(mpi_library) || return 1
+  case "$soname" in
+    libmpi.so.40*) abi=openmpi ;;
+    *) abi=mpich ;;  # MPICH's ABI: MPICH, Intel MPI, MVAPICH, Cray MPICH (libmpi.so.12, libmpich.so.12)
+  esac
+  "$@" --only-binary mpi4py "mpi4py==$MPI4PY_VERSION" || return 1
+  ext=$(ls "$VENV"/lib/python3*/site-packages/mpi4py/MPI."$abi".*.so) || return 1
+  needed=$(LC_ALL=C readelf -d "$ext" | sed -n 's/.*(NEEDED).*\[\(libmpi\.so[^]]*\)\].*/\1/p')
+  if [ -n "$needed" ] && [ "$needed" != "$soname" ]; then
+    command -v patchelf >/dev/null || return 1
+    patchelf --replace-needed "$needed" "$soname" "$ext" || return 1
+  fi
+  ln -sf "$path" "$VENV/lib/libmpi.so" || return 1  # mpi4py's first guess: it reads the ABI off this library
+  echo "mpi4py wheel on $path ($abi ABI)"
+}
+
+# children_cpu: sets cpu_now to the CPU seconds (user + system) of the commands this shell has waited
+# for (`times` must run in this shell, not in a $(...) subshell); tests/make_test.sh reports the build's
+children_cpu() {
+  local f
+  f=$(mktemp)
+  times > "$f"
+  cpu_now=$(awk 'function s(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
+                 NR == 2 { printf "%d\n", s($1) + s($2) }' "$f")
+  rm -f "$f"
+}
+
 case "$VENV" in ""|/|.|..) echo "run_mpio.sh: refusing MPIO_VENV=$VENV" >&2; exit 1 ;; esac
 stamp=$VENV/.installed-mpio
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   echo "=== building $VENV: mpi4py + h5py against $MPICC and parallel HDF5 ==="
+  build_start=$(date +%s)
+  children_cpu
+  build_cpu=$cpu_now
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   pip=("$VENV/bin/python" -m pip install -q -c constraints.txt)
   "${pip[@]}" --upgrade pip
-  MPICC=$MPICC CFLAGS="-O1" "${pip[@]}" --no-binary mpi4py --no-cache-dir "mpi4py==$MPI4PY_VERSION"
+  if [ -n "$MPI4PY_FROM_SOURCE" ] || ! install_mpi4py_wheel "${pip[@]}"; then
+    echo "compiling mpi4py (MPI4PY_FROM_SOURCE=$MPI4PY_FROM_SOURCE; patchelf: $(command -v patchelf || echo none))"
+    MPICC=$MPICC CFLAGS="-O1" "${pip[@]}" --force-reinstall --no-binary mpi4py --no-cache-dir "mpi4py==$MPI4PY_VERSION"
+    rm -f "$VENV/lib/libmpi.so"
+  fi
   "${pip[@]}" numpy "Cython>=3" pkgconfig "setuptools>=77" wheel
-  # no build isolation: h5py's isolated build would compile another (old) mpi4py
-  CC=$MPICC HDF5_MPI=ON "${pip[@]}" --no-build-isolation --no-binary h5py --no-cache-dir "h5py==$H5PY_VERSION"
+  # the h5py wheel, compiled once per set of versions it depends on
+  key=$("$VENV/bin/python" -c 'import sys, mpi4py; print(f"py{sys.version_info[0]}{sys.version_info[1]}-mpi4py{mpi4py.__version__}")')
+  if [ -n "${HDF5_DIR:-}" ]; then hdf5=${HDF5_DIR//\//_}; else hdf5=$(pkg-config --modversion "$HDF5_PKGCONFIG_NAME"); fi
+  key="h5py${H5PY_VERSION//\*/x}-$key-hdf5-$hdf5-$(basename "$MPICC")"
+  wheels=build/mpio-wheels/$key
+  if ! ls "$wheels"/h5py-*.whl >/dev/null 2>&1; then
+    echo "compiling h5py into $wheels"
+    rm -rf "$wheels.tmp"
+    # no build isolation: h5py's isolated build would compile another (old) mpi4py
+    CC=$MPICC HDF5_MPI=ON "$VENV/bin/python" -m pip wheel -q -c constraints.txt --no-deps --no-build-isolation \
+      --no-binary h5py --no-cache-dir -w "$wheels.tmp" "h5py==$H5PY_VERSION"
+    mkdir -p "$(dirname "$wheels")"
+    mv "$wheels.tmp" "$wheels"
+  fi
+  "${pip[@]}" --no-deps "$wheels"/h5py-*.whl
   "${pip[@]}" -e ".[test]"   # no [mpich] extra: the system MPI, not the mpich wheel
   touch "$stamp"
+  children_cpu
+  echo "=== built $VENV in $(($(date +%s) - build_start)) s (CPU $((cpu_now - build_cpu)) s) ==="
 fi
 # tests and tools find mpiexec next to the interpreter, as in .venv (a wrapper: hydra looks for
 # its proxy next to the mpiexec it was started as)
@@ -65,9 +146,13 @@ from mpi4py import MPI
 lib = MPI.Get_library_version().splitlines()[0]
 if not h5py.get_config().mpi:
     raise SystemExit(f"h5py {h5py.__version__} in this environment has no MPI; delete it and rerun")
+maps = {line.split()[-1] for line in open("/proc/self/maps") if "libmpi" in line}
+if len(maps) > 1:
+    raise SystemExit(f"two MPI libraries in one process: {sorted(maps)}; delete {__import__('sys').prefix} and rerun")
 print(f"h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}, parallel) with {lib.strip()}")
 EOF
+[ -z "$build_only" ] || exit 0
 
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py)
-VENV=$VENV MPI_RANKS=${MPI_RANKS:-2 3 4} bash tests/run_all.sh "${args[@]}"  # (6 ranks of MPI-IO: 4 more minutes)
+VENV=$VENV MPI_RANKS=${MPI_RANKS:-2 3 4} LEG_PREFIX="MPI-IO " bash tests/run_all.sh "${args[@]}"  # (6 ranks of MPI-IO: 4 more minutes)

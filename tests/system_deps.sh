@@ -2,11 +2,12 @@
 # System packages the test suite uses besides the venv, installed with apt-get when missing and run
 # as root on Debian/Ubuntu (elsewhere install them yourself; the tests that need them say so):
 #   gfortran                       the Fortran module of libhpctp_c (tests/test_capi.py)
-#   libhdf5-mpich-dev, pkg-config  parallel HDF5 for the MPI-IO leg (tests/run_mpio.sh)
+#   libhdf5-mpich-dev, pkg-config  parallel HDF5 (and MPICH) for the MPI-IO leg (tests/run_mpio.sh)
+#   patchelf                       points mpi4py's binary wheel at Debian's MPICH (tests/run_mpio.sh)
 # Usage: tests/system_deps.sh [package ...]    (default: all of the above)
 set -euo pipefail
 pkgs=("$@")
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(gfortran libhdf5-mpich-dev pkg-config)
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(gfortran libhdf5-mpich-dev pkg-config patchelf)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
