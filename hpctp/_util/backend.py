@@ -355,10 +355,43 @@ def copy_into(dst: Array, src: Array) -> None:
     if is_torch(dst):
         import torch
 
+        if _numpy_copyable(dst, src):  # (numpy's copy loops beat torch's single-threaded copy_ on the host)
+            np.copyto(dst.detach().numpy(), src.detach().numpy())
+            return
         with torch.no_grad():
             dst.copy_(src)
     else:
         dst[...] = src
+
+
+def _numpy_copyable(dst: Any, src: Any) -> bool:
+    """Both CPU torch tensors of one dtype numpy has, neither conjugated nor negated lazily."""
+    return (
+        is_torch(src)
+        and dst.device.type == "cpu"
+        and src.device.type == "cpu"
+        and dst.dtype == src.dtype
+        and str(dst.dtype) in _NUMPY_COPY_DTYPES
+        and not (src.is_conj() or src.is_neg() or dst.is_conj() or dst.is_neg())
+    )
+
+
+_NUMPY_COPY_DTYPES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "complex128",
+        "complex64",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+    )
+)
 
 
 def flip(x: Array, dims: Sequence[int]) -> Array:
