@@ -9,7 +9,7 @@ import numpy as np
 if TYPE_CHECKING:  # narrows both branches for mypy; nothing imported at run time
     from typing_extensions import TypeIs
 
-__all__ = ["is_int", "as_int"]
+__all__ = ["is_int", "as_int", "positive_ints"]
 
 
 def is_int(value: object) -> TypeIs[int | np.integer]:
@@ -58,3 +58,27 @@ def as_int(value: object, name: str, minimum: int | None = None) -> int:
     if minimum is not None and out < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {out}")
     return out
+
+
+def positive_ints(**values: object) -> tuple[int, ...]:
+    """Local. Each keyword's value as a Python ``int``, checking that it is an int of at least 1 (layer sizes).
+
+    Parameters
+    ----------
+    **values : object
+        Argument name -> value, checked in order.
+
+    Returns
+    -------
+    tuple of int
+        The values, in the order given.
+
+    Raises
+    ------
+    ValueError
+        Naming the first argument that is not an int >= 1.
+    """
+    for name, v in values.items():
+        if not is_int(v) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return tuple(int(v) for v in values.values())  # type: ignore[call-overload]

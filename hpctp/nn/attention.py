@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._util.ints import is_int
+from .._util.ints import is_int, positive_ints
 from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, block_cuts
 from .linear import RowParallelLinear, derive_seed, init_block
@@ -125,9 +125,7 @@ class MultiheadAttention(torch.nn.Module):
     ) -> None:  # fmt: skip
         super().__init__()
         self.grid = check_grid(grid)
-        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not is_int(v) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_ints(embed_dim=embed_dim, num_heads=num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         if not is_int(axis) or not 0 <= axis < grid.ndim:

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from .. import comm as C
-from .._util.ints import is_int
+from .._util.ints import is_int, positive_ints
 from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
@@ -65,10 +65,8 @@ _BIAS_STREAM = 0x5DEECE66D
 
 
 def _check_features(in_features: object, out_features: object) -> tuple[int, int]:
-    for name, v in (("in_features", in_features), ("out_features", out_features)):
-        if not is_int(v) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return int(in_features), int(out_features)  # type: ignore[call-overload]
+    n_in, n_out = positive_ints(in_features=in_features, out_features=out_features)
+    return n_in, n_out
 
 
 def _check_axis(grid: ProcessGrid, axis: object) -> int:

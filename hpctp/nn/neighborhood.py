@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._util.ints import is_int
+from .._util.ints import is_int, positive_ints
 from ..comm import ProcessGrid, check_grid
 from ..halo.plan import fetch_plan
 from ..layout import Layout
@@ -144,9 +144,7 @@ class _NeighborhoodAttention(torch.nn.Module):
     ) -> None:
         grid = check_grid(grid)
         nd = self._nd
-        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not is_int(v) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_ints(embed_dim=embed_dim, num_heads=num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         kernel = _kernel_sizes(kernel_size, nd)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._util.ints import is_int
+from .._util.ints import is_int, positive_ints
 from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, block_cuts
 from ._inputs import field_input, full_split
@@ -216,9 +216,7 @@ class _PatchEmbed(torch.nn.Module):
     ) -> None:
         grid = check_grid(grid)
         nd = self._nd
-        for name, v in (("in_channels", in_channels), ("embed_dim", embed_dim)):
-            if not is_int(v) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_ints(in_channels=in_channels, embed_dim=embed_dim)
         sizes = _patch_sizes(patch_size, nd)
         full = full_split(split, nd, grid.ndim)  # validated before any communication
         super().__init__()
@@ -319,9 +317,7 @@ class _Unpatch(torch.nn.Module):
     ) -> None:
         grid = check_grid(grid)
         nd = self._nd
-        for name, v in (("embed_dim", embed_dim), ("out_channels", out_channels)):
-            if not is_int(v) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_ints(embed_dim=embed_dim, out_channels=out_channels)
         sizes = _patch_sizes(patch_size, nd)
         full = full_split(split, nd, grid.ndim)  # validated before any communication
         super().__init__()
