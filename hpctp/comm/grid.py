@@ -122,6 +122,7 @@ class ProcessGrid:
         if self.coords != grid_coords(self.rank, self.dims):  # MPI guarantees row-major order
             raise RuntimeError("MPI Cartesian ranks are not row-major; hpctp cannot use this MPI")
         self._subs: dict[int, MPI.Cartcomm] = {}
+        self._axes_comms: dict[tuple[int, ...], MPI.Cartcomm] = {}
         for axis in range(self.ndim):
             remain = [a == axis for a in range(self.ndim)]
             sub = self.comm.Sub(remain)
@@ -141,6 +142,73 @@ class ProcessGrid:
         """
         self._check_axis(axis)
         return self._subs[axis]
+
+    def axes_comm(self, axes: Sequence[int]) -> MPI.Cartcomm:
+        """Collective over grid on the first call for a set of axes, local after (cached).
+
+        The communicator of the ranks that differ from this one only along ``axes``; its
+        ranks are row-major over those axes' coordinates. Every rank must make the first
+        call for the same ``axes`` in the same order.
+
+        Parameters
+        ----------
+        axes : sequence of int
+            Distinct grid axes, in any order (the communicator's order is the grid's).
+
+        Returns
+        -------
+        mpi4py.MPI.Cartcomm
+            A single-rank communicator for ``axes == ()``.
+
+        Raises
+        ------
+        ValueError
+            If an axis is not a grid axis or repeats.
+        """
+        key = self._axes_key(axes)
+        if len(key) == self.ndim:
+            return self.comm
+        if len(key) == 1:
+            return self._subs[key[0]]
+        found = self._axes_comms.get(key)
+        if found is None:
+            found = self.comm.Sub([a in key for a in range(self.ndim)])
+            found.Set_name(f"hpctp.grid.axes{''.join(map(str, key))}")
+            self._axes_comms[key] = found
+        return found
+
+    def subgrid(self, axes: Sequence[int]) -> ProcessGrid:
+        """Collective over grid. The grid of the ranks that differ from this one only along ``axes``.
+
+        Its dims are ``[dims[a] for a in sorted(axes)]`` (``(1,)`` for no axes) and its
+        ranks are row-major over those coordinates; it works on its own duplicate, as every
+        ProcessGrid, so free it with :meth:`free`.
+
+        Parameters
+        ----------
+        axes : sequence of int
+            Distinct grid axes.
+
+        Returns
+        -------
+        ProcessGrid
+
+        Raises
+        ------
+        ValueError
+            If an axis is not a grid axis or repeats.
+        """
+        key = self._axes_key(axes)
+        dims = [self.dims[a] for a in key] or [1]
+        return ProcessGrid(dims, comm=self.axes_comm(key))
+
+    def _axes_key(self, axes: Sequence[int]) -> tuple[int, ...]:
+        for a in axes:
+            self._check_axis(a)
+        key = tuple(sorted(int(a) for a in axes))
+        if len(set(key)) != len(key):
+            raise ValueError(f"axes {tuple(axes)} repeat an axis; name each grid axis once")
+        return key
 
     def shift(self, axis: int, disp: int = 1) -> tuple[int, int]:
         """Local. ``(source, dest)`` ranks for a shift by ``disp`` along ``axis``.
@@ -178,10 +246,11 @@ class ProcessGrid:
     # ------------------------------------------------------------------ lifetime
     def free(self) -> None:
         """Collective over grid. Release the grid's communicators."""
-        for sub in self._subs.values():
+        for sub in [*self._subs.values(), *self._axes_comms.values()]:
             if sub != MPI.COMM_NULL:
                 sub.Free()
         self._subs.clear()
+        self._axes_comms.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 

@@ -6,7 +6,7 @@ import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from .. import comm as C
 from .._util.ints import is_int
 from ..tensor.core import DistTensor
 from .dataset import FieldDataset
+
+if TYPE_CHECKING:  # (hpctp.nn imports torch; the loader does not need it)
+    from ..nn.plan import ParallelPlan
 
 __all__ = ["FieldLoader"]
 
@@ -42,6 +45,11 @@ class FieldLoader:
         Drop a final batch smaller than ``batch_size``.
     prefetch : int
         Batches read ahead by the background thread (0: read in the calling thread).
+    plan : ParallelPlan, optional
+        Data parallelism: the dataset lives on ``plan.model_grid`` and each data group reads
+        only its share of every global batch (:meth:`ParallelPlan.sample_range`: balanced,
+        in the batch's order), so the global batches are the same on any grid shape.
+        Arguments and read errors are then agreed on over ``plan.grid``.
 
     Raises
     ------
@@ -66,17 +74,23 @@ class FieldLoader:
         seed: int = 0,
         drop_last: bool = False,
         prefetch: int = 1,
+        plan: ParallelPlan | None = None,
     ) -> None:
         if not isinstance(dataset, FieldDataset):  # (no grid to agree on: raised where it is wrong)
             raise TypeError(f"FieldLoader needs a FieldDataset, got {type(dataset).__name__}")
+        if plan is not None and not all(hasattr(plan, a) for a in ("model_grid", "sample_range", "data_size")):
+            raise TypeError(f"plan must be a ParallelPlan or None, got {type(plan).__name__}")
         self.dataset = dataset
-        self.grid = dataset.grid
+        self.plan = plan
+        self.grid = dataset.grid if plan is None else plan.grid
         error: Exception | None = None
         values = [0, 0, 0, 0, 0, -1]
         try:
             for name, v, lo in (("batch_size", batch_size, 1), ("seed", seed, 0), ("prefetch", prefetch, 0)):
                 if not is_int(v) or v < lo:
                     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+            if plan is not None:
+                _check_plan(plan, dataset, int(batch_size), bool(drop_last))
             samples = zlib.crc32(np.asarray(dataset.samples, dtype=np.int64, order="C").tobytes())
             values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), samples]
         except ValueError as e:
@@ -104,13 +118,22 @@ class FieldLoader:
         return n // b if self.drop_last else -(-n // b)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        """Local. Sample positions of every batch of ``epoch`` (identical on every rank)."""
+        """Local. Sample positions of every global batch of ``epoch`` (identical on every rank and
+        grid shape; with a plan, each data group reads its :meth:`share` of them)."""
         n = len(self.dataset)
         order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
         out = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
         if self.drop_last and out and out[-1].size < self.batch_size:
             out.pop()
         return out
+
+    def share(self, positions: np.ndarray) -> np.ndarray:
+        """Local. The positions of a global batch that this rank's data group reads (all of them
+        without a plan)."""
+        if self.plan is None:
+            return positions
+        start, stop = self.plan.sample_range(len(positions))
+        return positions[start:stop]
 
     def _read(self, positions: np.ndarray) -> tuple[Batch | None, Exception | None]:
         try:
@@ -130,7 +153,7 @@ class FieldLoader:
         self.epoch += 1
         if self.prefetch == 0:
             while todo:
-                yield self._agree(self._read(todo.popleft()))
+                yield self._agree(self._read(self.share(todo.popleft())))
             return
         # the current GPU is per thread: the reader makes its blocks on the caller's device
         device = C.current_device()
@@ -139,17 +162,36 @@ class FieldLoader:
         ) as pool:
             ahead: deque[Future[tuple[Batch | None, Exception | None]]] = deque()
             while todo and len(ahead) < self.prefetch:
-                ahead.append(_submit(pool, self._read, todo.popleft()))
+                ahead.append(_submit(pool, self._read, self.share(todo.popleft())))
             while ahead:
                 current = ahead.popleft()
                 if todo:
-                    ahead.append(_submit(pool, self._read, todo.popleft()))
+                    ahead.append(_submit(pool, self._read, self.share(todo.popleft())))
                 yield self._agree(_outcome(current))
 
     def _agree(self, result: tuple[Batch | None, Exception | None]) -> Batch:
         batch, error = result
         C.raise_if_any(self.grid.comm, error)
         return batch  # type: ignore[return-value]
+
+
+def _check_plan(plan: ParallelPlan, dataset: FieldDataset, batch_size: int, drop_last: bool) -> None:
+    """Local. The dataset must live on the plan's model grid, and every batch must give each data
+    group at least one sample (an empty share would leave a group without a batch to compute)."""
+    if dataset.grid.dims != plan.model_grid.dims or not dataset.grid.same_ranks(plan.model_grid):
+        raise ValueError(
+            f"FieldLoader: the dataset's grid (dims {dataset.grid.dims}) is not the plan's model grid "
+            f"(dims {plan.model_grid.dims}); open the dataset on plan.model_grid"
+        )
+    n = len(dataset)
+    sizes = [batch_size] * (n // batch_size) + ([] if drop_last or n % batch_size == 0 else [n % batch_size])
+    small = [b for b in sizes if b < plan.data_size]
+    if small:
+        raise ValueError(
+            f"FieldLoader: a batch of {min(small)} samples (of {n}, batch_size {batch_size}) cannot give each of "
+            f"the {plan.data_size} data groups a sample; use batch_size >= {plan.data_size}"
+            + ("" if drop_last else " and drop_last=True, or a dataset length whose last batch is large enough")
+        )
 
 
 def _outcome(future: Future[tuple[Batch | None, Exception | None]]) -> tuple[Batch | None, Exception | None]:

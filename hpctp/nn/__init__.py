@@ -26,6 +26,7 @@ from .patch import (
     patched_layout,
     unpatched_layout,
 )
+from .plan import ParallelPlan
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from .state_dict import global_state_dict, load_global_state_dict
@@ -56,6 +57,7 @@ __all__ = [
     "NeighborhoodAttention2d",
     "NeighborhoodAttention3d",
     "ParallelMLP",
+    "ParallelPlan",
     "PatchEmbed2d",
     "PatchEmbed3d",
     "RMSNorm",

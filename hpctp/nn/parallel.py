@@ -52,7 +52,9 @@ def _replica_axes(t: torch.Tensor, name: str, grid: ProcessGrid) -> tuple[int, .
     return layout.replicated_axes
 
 
-def _reduce_axes(p: torch.nn.Parameter, grid: ProcessGrid, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
+def partial_axes(p: torch.nn.Parameter, grid: ProcessGrid, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
+    """Local. The grid ``axes`` over which ``p``'s gradient is partial: those it is replicated along,
+    less those its layer already summed in backward (``hpctp_grad_reduced``)."""
     done = tuple(getattr(p, "hpctp_grad_reduced", ()))  # completed by the layer's own backward
     replicas = _replica_axes(p, name, grid)
     return tuple(a for a in axes if a not in done and a in replicas)
@@ -87,7 +89,7 @@ def gradient_buckets(
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        red = _reduce_axes(p, grid, ax, name)
+        red = partial_axes(p, grid, ax, name)
         if red and any(grid.dims[a] > 1 for a in red):
             buckets[(p.device, p.dtype, red)].append((name, p))
     return dict(buckets)
