@@ -16,8 +16,8 @@ from torch.overrides import TorchFunctionMode
 import hpctp
 from hpctp import CommCounter, Layout
 from hpctp.layout.ring import all_to_all_split
+from hpctp.linalg.cost import choose_schedule, predict_attention
 from hpctp.nn import context_parallel as cp
-from hpctp.nn.attention_cost import choose_schedule, predict_attention
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 F64 = torch.float64

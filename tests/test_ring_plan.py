@@ -10,7 +10,7 @@ import pytest
 
 from hpctp.layout import Layout, grid_coords
 from hpctp.layout.ring import all_to_all_split, flat_token_indices, ring_plan, token_axes, token_dims
-from hpctp.nn.attention_cost import choose_schedule, predict_attention
+from hpctp.linalg.cost import choose_schedule, predict_attention
 
 
 def _layout(tokens, grid, token_split, batch_split=None, heads_split=None, head_dim=4, cuts=(), batch=2, heads=3):

@@ -35,7 +35,7 @@ and one redistribution moves the output back (autograd moves the gradients the o
 Possible while the grid axes splitting tokens (of more than one rank) do not outnumber the
 undivided batch/heads dims.
 
-``schedule="auto"`` picks the one :mod:`hpctp.nn.attention_cost` predicts faster and logs the
+``schedule="auto"`` picks the one :mod:`hpctp.perf` (:mod:`hpctp.linalg.cost`) predicts faster and logs the
 choice on rank 0 (logger ``hpctp.nn.attention``, once per set of arguments);
 :func:`attention_schedule` returns it. Arguments are validated on every rank and agreed once per
 distinct set of layouts, dtype and flags (the verdict is cached per grid), so repeated calls
@@ -62,9 +62,9 @@ from ..comm import ProcessGrid
 from ..comm import pool as P
 from ..layout import Layout
 from ..layout.ring import RingPlan, all_to_all_split, flat_token_indices, ring_plan
+from ..linalg.cost import AttentionCost, choose_schedule, predict_attention
 from ..ops.move import move_block
 from ..tensor.core import DistTensor
-from .attention_cost import AttentionCost, choose_schedule, predict_attention
 
 __all__ = [
     "CAUSAL_RUN_MIN",
@@ -820,7 +820,7 @@ def attention(
     scale : float, optional
         Factor of the scores (default ``1 / sqrt(head_dim)``).
     schedule : {"auto", "ring", "all_to_all"}, optional
-        ``"auto"`` picks by the cost model of :mod:`hpctp.nn.attention_cost` (see
+        ``"auto"`` picks by the cost model of :mod:`hpctp.perf` (:mod:`hpctp.linalg.cost`) (see
         :func:`attention_schedule`); the others force one.
 
     Returns
@@ -849,7 +849,7 @@ def attention_schedule(
 ) -> str:
     """Collective over grid on a first call, else Local. The schedule ``attention(..., schedule="auto")`` runs.
 
-    ``"ring"`` or ``"all_to_all"``: the cheaper by :func:`hpctp.nn.attention_cost.predict_attention` (forward, plus
+    ``"ring"`` or ``"all_to_all"``: the cheaper by :func:`hpctp.perf.predict_attention` (forward, plus
     backward when a tensor requires grad), the same on every rank.
 
     Parameters
