@@ -97,3 +97,40 @@ def test_vit_config_errors() -> None:
     model = build_model({**_cfg("neighborhood"), "kernel_size": 7}, 2, None)
     with pytest.raises(ValueError, match="exceeds the token grid 6 x 5"):
         model(torch.zeros(*SHAPE, dtype=torch.float64))
+
+
+@pytest.mark.mpi
+def test_vit_heads_split_over_a_tensor_axis(grid3d: hpctp.ProcessGrid) -> None:
+    """The field over grid axes 0 and 1, heads and hidden units over axis 2: the one-process values."""
+    cfg = {**_cfg("global"), "heads": 4, "embed": 8, "mlp_ratio": 1.5}  # 4 heads of 2, 12 hidden units
+    if grid3d.dims[2] > 4:
+        with pytest.raises(ValueError, match="at least one"):
+            build_model(cfg, 2, grid3d, tensor_axis=2)
+        return
+    model, ref = build_model(cfg, 2, grid3d, tensor_axis=2), build_model(cfg, 2, None)
+    _randomise(ref, 11)
+    hpctp.nn.load_global_state_dict(model, ref.state_dict())  # each rank keeps its heads' rows
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
+    dy = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
+    lay = hpctp.Layout(SHAPE, grid3d.dims, (None, None, 0, 1))
+    sl = lay.local_slices(grid3d.coords)
+    block = x[sl].clone().requires_grad_(True)
+    out = model(hpctp.DistTensor(block, grid3d, lay))
+    (out.local * dy[sl]).sum().backward()
+    sync_gradients(model, grid3d, axes=(0, 1))  # the field's axes; the tensor axis holds whole gradients
+    leaf = x.clone().requires_grad_(True)
+    want = ref(leaf)
+    (want * dy).sum().backward()
+    assert_allclose(grid3d, out.local.detach(), want.detach()[sl], rtol=1e-10, atol=1e-12, what="output")
+    assert_allclose(grid3d, block.grad, leaf.grad[sl], rtol=1e-9, atol=1e-12, what="input gradient")
+    sharded = 0
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        layout = getattr(p, "hpctp_layout", None)
+        g = q.grad if layout is None else q.grad[layout.local_slices(grid3d.coords)]
+        sharded += layout is not None
+        assert_allclose(grid3d, p.grad, g, rtol=1e-9, atol=1e-12, what=f"gradient of {name}")
+    assert sharded == 2 * 6  # per block: qkv weight and bias, out weight, fc1 weight and bias, fc2 weight
+    state = hpctp.nn.global_state_dict(model)
+    for name, t in ref.state_dict().items():
+        assert_allclose(grid3d, state[name], t, rtol=0, atol=0, what=f"global state {name}")

@@ -194,8 +194,12 @@ class FNO(torch.nn.Module):
         return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
 
 
-def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | None) -> torch.nn.Module:
+def build_model(
+    cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | None, tensor_axis: int | None = None
+) -> torch.nn.Module:
     """Local. The model of the ``[surrogate]`` config section (``grid=None``: one-process torch reference).
+
+    ``tensor_axis`` (ViT only) is the grid axis that splits the heads and hidden units.
 
     ``model = "vit"`` reads ``patch``, ``embed``, ``depth``, ``heads``, ``mlp_ratio``, ``attention``
     (``"global"`` or ``"neighborhood"``), ``kernel_size`` and ``schedule`` (defaults: 4, 32, 2, 4, 2.0,
@@ -209,6 +213,8 @@ def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | No
     dtype = {"float32": torch.float32, "float64": torch.float64}.get(cfg["dtype"])
     if dtype is None:
         raise ValueError(f"surrogate.dtype must be 'float32' or 'float64', got {cfg['dtype']!r}")
+    if tensor_axis is not None and cfg["model"] != "vit":
+        raise ValueError(f"a tensor axis splits the ViT's weights; the {cfg['model']!r} model has none to split")
     if cfg["model"] == "unet":
         return UNet(channels, cfg["width"], cfg["levels"], grid, cfg["seed"], dtype)
     if cfg["model"] == "cnn":
@@ -229,5 +235,6 @@ def build_model(cfg: dict[str, Any], channels: int, grid: hpctp.ProcessGrid | No
             grid=grid,
             seed=cfg["seed"],
             dtype=dtype,
+            tensor_axis=tensor_axis,
         )
     raise ValueError(f"surrogate.model must be one of {MODELS}, got {cfg['model']!r}")

@@ -25,8 +25,12 @@ With ``grid=None`` the same parameters (same seeds) run with plain torch ops (a 
 ``scaled_dot_product_attention`` over the flattened tokens, with the periodic window as a boolean
 mask for the neighbourhood kind): the one-process reference.
 
-Heads are not split over a tensor axis: the apps run the simulation, the data and the model on one
-2-D grid whose axes both cut the field, so there is no axis along which the field is replicated.
+With a ``tensor_axis`` (the model grid's third axis, ``train.tensor > 1``), the heads and the MLP's
+hidden units are split over it (Megatron's column-then-row pattern): each rank holds the q/k/v rows of
+its whole heads and the matching columns of the output projection (``hpctp_layout`` on each, so
+checkpoints and :func:`hpctp.nn.global_state_dict` see the global tensors), the ring runs over the
+spatial axes for those heads only, and one all-reduce over the tensor axis ends the attention and one
+the MLP (forward; their adjoints in backward). The token field is replicated along the tensor axis.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import torch
 import torch.nn.functional as F
 
 import hpctp
+from hpctp.layout import block_cuts, block_range
 from hpctp.nn import NeighborhoodAttention2d, PatchEmbed2d, Unpatch2d, patch_aligned_layout
 from hpctp.nn.functional import attention
+from hpctp.ops.autograd import allreduce_sum, sum_gradients
 from hpctp.ops.move import move_block
 
 __all__ = ["ViT", "periodic_window_mask", "sincos_position"]
@@ -104,25 +110,132 @@ def periodic_window_mask(sizes: tuple[int, int], kernel_size: int) -> torch.Tens
     return (near[0][:, None, :, None] & near[1][None, :, None, :]).reshape(sizes[0] * sizes[1], -1)
 
 
+class _TensorSplit:
+    """Local. This rank's part of ``n`` units (heads, hidden units) over the model grid's tensor axis,
+    in units of ``width`` elements: ``[lo, hi)`` and the cuts of all ranks (whole units per rank)."""
+
+    def __init__(self, grid: hpctp.ProcessGrid | None, axis: int | None, n: int, width: int):
+        self.grid, self.axis = grid, axis
+        parts = 1 if grid is None or axis is None else grid.dims[axis]
+        index = 0 if grid is None or axis is None else grid.coords[axis]
+        lo, hi = block_range(n, parts, index)
+        self.lo, self.hi = lo * width, hi * width
+        self.units = hi - lo
+        self.cuts = tuple(c * width for c in block_cuts(n, parts))
+
+    @property
+    def split(self) -> bool:
+        return self.grid is not None and self.axis is not None
+
+    def shard(self, full: torch.Tensor, dim: int) -> torch.nn.Parameter:
+        """Local. This rank's slice of ``full`` along ``dim`` as a parameter that knows its place."""
+        if self.grid is None or self.axis is None:
+            return torch.nn.Parameter(full)
+        p = torch.nn.Parameter(full.narrow(dim, self.lo, self.hi - self.lo).clone())
+        split: list[int | None] = [None] * full.ndim
+        cuts: list[tuple[int, ...] | None] = [None] * full.ndim
+        split[dim], cuts[dim] = self.axis, self.cuts
+        p.hpctp_layout = hpctp.Layout(tuple(full.shape), self.grid.dims, tuple(split), tuple(cuts))  # type: ignore[attr-defined]
+        return p
+
+    def enter(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective over the tensor axis. Identity forward; backward sums the input's gradient."""
+        if self.grid is None or self.axis is None:
+            return t
+        return sum_gradients(t, self.grid, (self.axis,))
+
+    def leave(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective over the tensor axis. Sum of the ranks' partial outputs; identity backward."""
+        if self.grid is None or self.axis is None:
+            return t
+        return allreduce_sum(t, self.grid, (self.axis,))
+
+
 class _GlobalAttention(torch.nn.Module):
     """Collective over grid (local for ``grid=None``). Multi-head attention of every token to every token.
 
     Parameters and their initial values are ``torch.nn.MultiheadAttention``'s (and
-    :class:`hpctp.nn.NeighborhoodAttention2d`'s): ``in_proj_weight [3E, E]`` (xavier), ``in_proj_bias``
-    (zeros), ``out_proj`` (a Linear, bias zero).
+    :class:`hpctp.nn.NeighborhoodAttention2d`'s) viewed per projection: ``qkv_weight [3, E, E]`` (xavier
+    over ``[3E, E]``), ``qkv_bias [3, E]`` (zeros), ``out_weight [E, E]``, ``out_bias [E]`` (zero). With a
+    tensor axis, each rank keeps the rows of its heads of ``qkv_*`` and those columns of ``out_weight``.
     """
 
     def __init__(
         self,
         embed: int,
         heads: int,
-        kernel_size: int | None,
         schedule: str,
         grid: hpctp.ProcessGrid | None,
         dtype: torch.dtype,
+        tensor_axis: int | None = None,
     ):
         super().__init__()
-        self.embed, self.heads, self.kernel_size, self.schedule, self.grid = embed, heads, kernel_size, schedule, grid
+        self.embed, self.heads, self.schedule, self.grid = embed, heads, schedule, grid
+        self.part = _TensorSplit(grid, tensor_axis, heads, embed // heads)
+        w = torch.empty(3 * embed, embed, dtype=dtype)
+        out = torch.nn.Linear(embed, embed, dtype=dtype)  # (torch's order: its init draws after in_proj's empty)
+        torch.nn.init.xavier_uniform_(w)
+        self.qkv_weight = self.part.shard(w.reshape(3, embed, embed), 1)
+        self.qkv_bias = self.part.shard(torch.zeros(3, embed, dtype=dtype), 1)
+        self.out_weight = self.part.shard(out.weight.detach().clone(), 1)
+        self.out_bias = torch.nn.Parameter(torch.zeros(embed, dtype=dtype))
+
+    def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
+        """Collective over grid when ``layout`` is given. ``t``: the token block ``[N, rows, cols, E]``."""
+        n, rows, cols, e = t.shape
+        d = e // self.heads
+        h = self.part.units
+        qkv = F.linear(self.part.enter(t), self.qkv_weight.flatten(0, 1), self.qkv_bias.flatten())  # [.., 3 h d]
+        q, k, v = (a.unflatten(-1, (h, d)).permute(0, 3, 1, 2, 4) for a in qkv.split(h * d, dim=-1))
+        if layout is None:  # one process: SDPA over the flattened tokens
+            y = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3))
+            y = y.unflatten(2, (rows, cols))
+        else:
+            grid = self.grid
+            if grid is None:
+                raise ValueError("a token layout needs the model's grid")
+            shape = (layout.global_shape[0], self.heads, *layout.global_shape[2:], d)
+            heads_cuts = tuple(c // d for c in self.part.cuts) if self.part.split else None
+            lay = hpctp.Layout(
+                shape,
+                grid.dims,
+                (None, self.part.axis if self.part.split else None, *layout.split[2:], None),
+                (None, heads_cuts, *layout.dim_cuts[2:], None),
+            )
+            dq, dk, dv = (hpctp.DistTensor(a.contiguous(), grid, lay) for a in (q, k, v))
+            y = attention(dq, dk, dv, schedule=self.schedule).local
+        partial = F.linear(y.permute(0, 2, 3, 1, 4).reshape(n, rows, cols, h * d), self.out_weight)
+        return self.part.leave(partial) + self.out_bias
+
+
+class _MLP(torch.nn.Module):
+    """Collective over the tensor axis (local without one). ``Linear(E, R) -> GELU -> Linear(R, E)``
+    with torch's initial values; with a tensor axis the hidden units are split (column, then row)."""
+
+    def __init__(
+        self, embed: int, hidden: int, grid: hpctp.ProcessGrid | None, tensor_axis: int | None, dtype: torch.dtype
+    ):
+        super().__init__()
+        self.part = _TensorSplit(grid, tensor_axis, hidden, 1)
+        fc1 = torch.nn.Linear(embed, hidden, dtype=dtype)
+        fc2 = torch.nn.Linear(hidden, embed, dtype=dtype)
+        self.fc1_weight = self.part.shard(fc1.weight.detach().clone(), 0)
+        self.fc1_bias = self.part.shard(fc1.bias.detach().clone(), 0)
+        self.fc2_weight = self.part.shard(fc2.weight.detach().clone(), 1)
+        self.fc2_bias = torch.nn.Parameter(fc2.bias.detach().clone())
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        a = F.gelu(F.linear(self.part.enter(t), self.fc1_weight, self.fc1_bias))
+        return self.part.leave(F.linear(a, self.fc2_weight)) + self.fc2_bias
+
+
+class _TorchWindowAttention(torch.nn.Module):
+    """Local. One process: :class:`hpctp.nn.NeighborhoodAttention2d`'s parameters (torch's
+    ``MultiheadAttention`` names and initial values) and the periodic window as a boolean mask."""
+
+    def __init__(self, embed: int, heads: int, kernel_size: int, dtype: torch.dtype):
+        super().__init__()
+        self.heads, self.kernel_size = heads, kernel_size
         self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed, embed, dtype=dtype))
         self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * embed, dtype=dtype))
         self.out_proj = torch.nn.Linear(embed, embed, dtype=dtype)  # (torch's order: its init draws first)
@@ -130,27 +243,14 @@ class _GlobalAttention(torch.nn.Module):
         with torch.no_grad():
             self.out_proj.bias.zero_()
 
-    def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
-        """Collective over grid when ``layout`` is given. ``t``: the token block ``[N, rows, cols, E]``."""
+    def forward(self, t: torch.Tensor, layout: None) -> torch.Tensor:
+        """Local. ``t``: the token field ``[N, rows, cols, E]``."""
         n, rows, cols, e = t.shape
-        h = self.heads
-        qkv = F.linear(t, self.in_proj_weight, self.in_proj_bias)  # [N, rows, cols, 3E]
-        q, k, v = (a.unflatten(-1, (h, e // h)).permute(0, 3, 1, 2, 4) for a in qkv.split(e, dim=-1))
-        if layout is None:  # one process: SDPA over the flattened tokens
-            mask = None if self.kernel_size is None else periodic_window_mask((rows, cols), self.kernel_size)
-            y = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), attn_mask=mask)
-            y = y.unflatten(2, (rows, cols))
-        else:
-            grid = self.grid
-            if grid is None:
-                raise ValueError("a token layout needs the model's grid")
-            shape = (layout.global_shape[0], h, *layout.global_shape[2:], e // h)
-            lay = hpctp.Layout(
-                shape, grid.dims, (None, None, *layout.split[2:], None), (None, None, *layout.dim_cuts[2:], None)
-            )
-            dq, dk, dv = (hpctp.DistTensor(a.contiguous(), grid, lay) for a in (q, k, v))
-            y = attention(dq, dk, dv, schedule=self.schedule).local
-        return self.out_proj(y.permute(0, 2, 3, 1, 4).reshape(n, rows, cols, e))
+        qkv = F.linear(t, self.in_proj_weight, self.in_proj_bias)
+        q, k, v = (a.unflatten(-1, (self.heads, e // self.heads)).permute(0, 3, 1, 2, 4) for a in qkv.split(e, -1))
+        mask = periodic_window_mask((rows, cols), self.kernel_size)
+        y = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), attn_mask=mask)
+        return self.out_proj(y.unflatten(2, (rows, cols)).permute(0, 2, 3, 1, 4).reshape(n, rows, cols, e))
 
 
 class _NeighborhoodAttention(torch.nn.Module):
@@ -162,9 +262,7 @@ class _NeighborhoodAttention(torch.nn.Module):
     ):
         super().__init__()
         if grid is None:
-            self.attn: torch.nn.Module = _seeded(
-                seed, lambda: _GlobalAttention(embed, heads, kernel_size, "ring", None, dtype)
-            )
+            self.attn: torch.nn.Module = _seeded(seed, lambda: _TorchWindowAttention(embed, heads, kernel_size, dtype))
         else:
             self.attn = NeighborhoodAttention2d(
                 embed, heads, kernel_size, grid, split=(0, 1), periodic=True, seed=seed, dtype=dtype
@@ -191,28 +289,26 @@ class _Block(torch.nn.Module):
         grid: hpctp.ProcessGrid | None,
         seed: int,
         dtype: torch.dtype,
+        tensor_axis: int | None = None,
     ):
         super().__init__()
         self.norm1 = torch.nn.LayerNorm(embed, dtype=dtype)
         if kind == "neighborhood":
             self.attn: torch.nn.Module = _NeighborhoodAttention(embed, heads, kernel_size, grid, seed, dtype)
         else:
-            self.attn = _seeded(seed, lambda: _GlobalAttention(embed, heads, None, schedule, grid, dtype))
-        hidden = max(1, round(embed * mlp_ratio))
+            self.attn = _seeded(seed, lambda: _GlobalAttention(embed, heads, schedule, grid, dtype, tensor_axis))
         self.norm2 = torch.nn.LayerNorm(embed, dtype=dtype)
-        self.mlp = _seeded(
-            seed + 1,
-            lambda: torch.nn.Sequential(
-                torch.nn.Linear(embed, hidden, dtype=dtype),
-                torch.nn.GELU(),
-                torch.nn.Linear(hidden, embed, dtype=dtype),
-            ),
-        )
+        self.mlp = _seeded(seed + 1, lambda: _MLP(embed, hidden_units(embed, mlp_ratio), grid, tensor_axis, dtype))
 
     def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
         """Collective over grid when ``layout`` is given. The block's output, ``t``'s shape."""
         t = t + self.attn(self.norm1(t), layout)
         return t + self.mlp(self.norm2(t))
+
+
+def hidden_units(embed: int, mlp_ratio: float) -> int:
+    """Local. The MLP's hidden width."""
+    return max(1, round(embed * mlp_ratio))
 
 
 def _zero(layer: Any) -> None:
@@ -259,12 +355,15 @@ class ViT(torch.nn.Module):
         None: the one-process torch reference.
     seed : int
     dtype : torch.dtype
+    tensor_axis : int, optional
+        The grid axis that splits the heads and the MLP's hidden units (global attention only); the
+        field is split over the grid's first two axes.
 
     Raises
     ------
     ValueError
         On non-positive sizes, ``heads`` not dividing ``embed``, an unknown attention kind or schedule,
-        an even ``kernel_size``.
+        an even ``kernel_size``, or a tensor axis with neighbourhood attention or fewer heads than its ranks.
     """
 
     delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
@@ -283,6 +382,7 @@ class ViT(torch.nn.Module):
         grid: hpctp.ProcessGrid | None,
         seed: int,
         dtype: torch.dtype,
+        tensor_axis: int | None = None,
     ):
         for name, value in (("patch", patch), ("embed", embed), ("depth", depth), ("heads", heads)):
             if not isinstance(value, int) or value < 1:
@@ -299,6 +399,17 @@ class ViT(torch.nn.Module):
             raise ValueError(
                 f"surrogate.kernel_size must be an odd positive int (a centred window), got {kernel_size!r}"
             )
+        if tensor_axis is not None and grid is not None:
+            parts = grid.dims[tensor_axis]
+            if attention != "global":
+                raise ValueError(
+                    "a tensor axis splits the heads of the global attention; use surrogate.attention = 'global'"
+                )
+            if heads < parts or hidden_units(embed, mlp_ratio) < parts:
+                raise ValueError(
+                    f"the tensor axis has {parts} ranks but the ViT {heads} heads and "
+                    f"{hidden_units(embed, mlp_ratio)} hidden units; give each rank at least one of both"
+                )
         super().__init__()
         self.grid, self.patch, self.embed_dim = grid, patch, embed
         self.kind, self.kernel_size = attention, kernel_size
@@ -310,7 +421,18 @@ class ViT(torch.nn.Module):
             self.embed = PatchEmbed2d(channels, embed, patch, grid, split=(0, 1), seed=seed, dtype=dtype)
         self.blocks = torch.nn.ModuleList(
             [
-                _Block(embed, heads, mlp_ratio, attention, kernel_size, schedule, grid, seed + 1 + 2 * i, dtype)
+                _Block(
+                    embed,
+                    heads,
+                    mlp_ratio,
+                    attention,
+                    kernel_size,
+                    schedule,
+                    grid,
+                    seed + 1 + 2 * i,
+                    dtype,
+                    tensor_axis,
+                )
                 for i in range(depth)
             ]
         )
