@@ -12,7 +12,7 @@ from .linalg import cost as perf
 from .linalg import matmul
 from .tensor import random
 from .tensor.core import DistTensor
-from .tensor.creation import distribute, empty, from_local, fromfunction, full, ones, zeros
+from .tensor.creation import distribute, empty, from_dtensor, from_local, fromfunction, full, ones, zeros
 from .tensor.functions.broadcast import broadcast_to
 from .tensor.functions.calculus import diff, gradient, trapezoid
 from .tensor.functions.histogram import histogram
@@ -40,6 +40,7 @@ __all__ = [
     "distribute",
     "empty",
     "fft",
+    "from_dtensor",
     "from_local",
     "fromfunction",
     "full",

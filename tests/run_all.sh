@@ -40,6 +40,7 @@ RANKS6_FILES=(
   tests/test_transformer.py tests/test_context_parallel.py tests/test_state_dict.py
   tests/test_neighborhood_attention.py tests/test_patch.py tests/test_vit_surrogate.py tests/test_buffer_pool.py
   tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py
+  tests/test_torch_interop.py
 )
 
 VENV=${VENV:-.venv}

@@ -10,7 +10,7 @@ Methods of :class:`DistTensor` that belong to a function module reach it through
 # importing numpy_protocol and the functions modules registers DistTensor's methods (see .registry)
 from . import numpy_protocol, random  # noqa: F401
 from .core import DistTensor
-from .creation import distribute, empty, from_local, fromfunction, full, ones, zeros
+from .creation import distribute, empty, from_dtensor, from_local, fromfunction, full, ones, zeros
 from .functions import scan, search, statistics  # noqa: F401
 from .functions.broadcast import broadcast_to
 from .functions.calculus import diff, gradient, trapezoid
@@ -22,6 +22,8 @@ from .functions.scan import cumprod, cumsum
 from .registry import register_lazy
 
 register_lazy("torch_function", "hpctp.tensor.torch_protocol")  # (imports torch: loaded on first use)
+register_lazy("to_dtensor", "hpctp.tensor.dtensor")  # (torch as well)
+register_lazy("from_dtensor", "hpctp.tensor.dtensor")
 
 __all__ = [
     "DistTensor",
@@ -32,6 +34,7 @@ __all__ = [
     "diff",
     "distribute",
     "empty",
+    "from_dtensor",
     "from_local",
     "fromfunction",
     "full",

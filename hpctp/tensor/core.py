@@ -542,6 +542,12 @@ class DistTensor:
             raise ValueError(f"backend must be 'numpy', 'torch', 'cuda' or 'cupy', got {backend!r}")
         return self._new(convert(self.local, backend))
 
+    def to_dtensor(self, mesh: Any) -> Any:
+        """Collective over grid. This tensor as a torch ``DTensor`` on ``mesh`` (the grid's
+        :func:`~hpctp.comm.torch_dist.device_mesh`), sharing this rank's block:
+        :func:`hpctp.tensor.dtensor.to_dtensor`, which documents the placements and errors."""
+        return implementation("to_dtensor")(self, mesh)
+
     def copy(self) -> DistTensor:
         """Local. A deep copy of the local block, same layout."""
         x = self.local

@@ -25,8 +25,9 @@ from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, normalize_split, tiled_layout
 from ..ops.transfer import scatter_block
 from .core import DistTensor
+from .registry import implementation
 
-__all__ = ["distribute", "from_local", "empty", "zeros", "ones", "full", "fromfunction"]
+__all__ = ["distribute", "from_local", "from_dtensor", "empty", "zeros", "ones", "full", "fromfunction"]
 
 _MAX_NDIM = 32
 
@@ -135,6 +136,37 @@ def from_local(block: Array, grid: ProcessGrid, split: object, global_shape: Seq
     table = C.allgather_ints(grid.comm, info)
     layout = _infer_layout(table, grid.dims, split, global_shape)
     return DistTensor(block, grid, layout)
+
+
+def from_dtensor(t: Any, grid: ProcessGrid) -> DistTensor:
+    """Collective over grid. The DistTensor of a torch ``DTensor`` on the grid's mesh, holding
+    ``t.to_local()`` as its block, without copying (the inverse of :meth:`DistTensor.to_dtensor`).
+
+    ``Shard(d)`` on mesh dim ``i`` divides tensor dim ``d`` over grid axis ``i``, with
+    ``torch.chunk``'s cuts; ``Replicate()`` leaves the grid axis replicated. Implemented in
+    :mod:`hpctp.tensor.dtensor`, loaded on first use (it imports torch).
+
+    Parameters
+    ----------
+    t : torch.distributed.tensor.DTensor
+        On a mesh of shape ``grid.dims`` whose coordinates are the grid's
+        (:func:`hpctp.comm.torch_dist.device_mesh`).
+    grid : ProcessGrid
+
+    Returns
+    -------
+    DistTensor
+
+    Raises
+    ------
+    TypeError
+        If ``t`` is not a DTensor or ``grid`` not a ProcessGrid.
+    ValueError
+        On every rank: if the mesh is not the grid's, a placement is ``Partial`` or a strided
+        shard, or two mesh dims shard one tensor dim (the message gives the ``t.redistribute``
+        that fixes it), or a local tensor's shape is not its ``torch.chunk`` block's.
+    """
+    return implementation("from_dtensor")(t, grid)  # type: ignore[no-any-return]
 
 
 def _infer_layout(
