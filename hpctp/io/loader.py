@@ -48,7 +48,9 @@ class FieldLoader:
     plan : ParallelPlan, optional
         Data parallelism: the dataset lives on ``plan.model_grid`` and each data group reads
         only its share of every global batch (:meth:`ParallelPlan.sample_range`: balanced,
-        in the batch's order), so the global batches are the same on any grid shape.
+        in the batch's order), so the global batches are the same on any grid shape. A batch
+        smaller than the number of groups leaves some groups an empty share (batch size 0),
+        which hpctp's layers and global losses handle.
         Arguments and read errors are then agreed on over ``plan.grid``.
 
     Raises
@@ -90,7 +92,7 @@ class FieldLoader:
                 if not is_int(v) or v < lo:
                     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
             if plan is not None:
-                _check_plan(plan, dataset, int(batch_size), bool(drop_last))
+                _check_plan(plan, dataset)
             samples = zlib.crc32(np.asarray(dataset.samples, dtype=np.int64, order="C").tobytes())
             values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), samples]
         except ValueError as e:
@@ -175,22 +177,12 @@ class FieldLoader:
         return batch  # type: ignore[return-value]
 
 
-def _check_plan(plan: ParallelPlan, dataset: FieldDataset, batch_size: int, drop_last: bool) -> None:
-    """Local. The dataset must live on the plan's model grid, and every batch must give each data
-    group at least one sample (an empty share would leave a group without a batch to compute)."""
+def _check_plan(plan: ParallelPlan, dataset: FieldDataset) -> None:
+    """Local. The dataset must live on the plan's model grid."""
     if dataset.grid.dims != plan.model_grid.dims or not dataset.grid.same_ranks(plan.model_grid):
         raise ValueError(
             f"FieldLoader: the dataset's grid (dims {dataset.grid.dims}) is not the plan's model grid "
             f"(dims {plan.model_grid.dims}); open the dataset on plan.model_grid"
-        )
-    n = len(dataset)
-    sizes = [batch_size] * (n // batch_size) + ([] if drop_last or n % batch_size == 0 else [n % batch_size])
-    small = [b for b in sizes if b < plan.data_size]
-    if small:
-        raise ValueError(
-            f"FieldLoader: a batch of {min(small)} samples (of {n}, batch_size {batch_size}) cannot give each of "
-            f"the {plan.data_size} data groups a sample; use batch_size >= {plan.data_size}"
-            + ("" if drop_last else " and drop_last=True, or a dataset length whose last batch is large enough")
         )
 
 
