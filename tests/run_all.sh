@@ -37,10 +37,11 @@ RANKS6_FILES=(
   tests/test_pad.py tests/test_remap.py tests/test_broadcast.py tests/test_differences.py
   tests/test_matmul.py tests/test_linear.py tests/test_fft.py tests/test_spectral.py tests/test_plan.py
   tests/test_halo.py tests/test_conv.py tests/test_pool.py tests/test_upsample.py
-  tests/test_transformer.py tests/test_context_parallel.py tests/test_state_dict.py
+  tests/test_transformer.py tests/test_transformer_dist.py tests/test_context_parallel.py tests/test_state_dict.py
   tests/test_neighborhood_attention.py tests/test_patch.py tests/test_vit_surrogate.py tests/test_buffer_pool.py
   tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py
-  tests/test_torch_interop.py
+  tests/test_torch_interop.py tests/test_train_parallel.py
+  tests/test_sharded.py tests/test_sharded_checkpoint.py
 )
 
 VENV=${VENV:-.venv}

@@ -1,10 +1,15 @@
 """Distributed training: global MSE (+ its high-wavenumber part), summed gradients, Adam; rank-0 progress;
-periodic checkpoints."""
+periodic checkpoints.
+
+The training grid is data x spatial (x tensor) (:mod:`apps.surrogate.parallel`): each data group trains
+on its share of every global batch, and :class:`hpctp.nn.ShardedDataParallel` sums the gradients over
+the data and spatial axes (sharding optimizer state, gradients or parameters with ``train.zero``), so
+the loss curve is one process's on any grid."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -16,18 +21,19 @@ from tqdm import tqdm
 
 import hpctp
 from hpctp.io import FieldLoader, load_checkpoint, save_checkpoint
-from hpctp.nn import check_replicas, global_mse_loss, sync_gradients
+from hpctp.nn import ParallelPlan, ShardedDataParallel, check_replicas, global_mse_loss, sync_gradients
 
 from .blocks import pointwise
 from .data import open_pairs
 from .models import build_model
+from .parallel import TrainingSetup, autocast, checkpoint_layers, memory_line, training_setup
 from .spectrum import high_band_loss
 
 __all__ = ["train", "train_step", "make_optimizer", "fit_delta_scale"]
 
 
 def make_optimizer(model: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
-    """Local. Adam with the configured learning rate."""
+    """Local. Adam with the configured learning rate (over the shards a ShardedDataParallel owns)."""
     return torch.optim.Adam(model.parameters(), lr=float(cfg["train"]["lr"]))
 
 
@@ -57,21 +63,50 @@ def train_step(
     opt: torch.optim.Optimizer,
     x: hpctp.DistTensor,
     y: hpctp.DistTensor,
-    grid: hpctp.ProcessGrid,
+    grid: hpctp.ProcessGrid | ParallelPlan,
     spectral_weight: float = 0.0,
+    *,
+    share: float = 1.0,
+    setup: TrainingSetup | None = None,
 ) -> float:
     """Collective over grid. One optimizer step on the global batch; returns the global loss:
-    the MSE, plus ``spectral_weight`` times its high-wavenumber part (:func:`high_band_loss`)."""
+    the MSE, plus ``spectral_weight`` times its high-wavenumber part (:func:`high_band_loss`).
+
+    ``grid`` is a ProcessGrid whose axes all split the field (a replicated model), or a ParallelPlan
+    (``x``, ``y``: this data group's share of the global batch, ``share`` of its samples; ``model``
+    a :class:`hpctp.nn.ShardedDataParallel` or a model whose gradients the plan sums). ``setup``
+    gives the precision (default float32)."""
+    plan = grid if isinstance(grid, ParallelPlan) else None
+    mgrid: hpctp.ProcessGrid = grid.model_grid if isinstance(grid, ParallelPlan) else grid
+    loss_grid, loss_axes = (plan.grid, plan.loss_axes) if plan is not None else (mgrid, None)
     dtype = next(model.parameters()).dtype
+    if isinstance(model, ShardedDataParallel):
+        model.zero_grad(set_to_none=True)
     opt.zero_grad(set_to_none=True)
-    pred = model(_as(x, dtype))
-    loss = global_mse_loss(pred.local, y.local.to(dtype), grid)
+    with autocast(setup, x.local.device) if setup is not None else contextlib.nullcontext():
+        pred = model(_as(x, dtype))
+    target = y.local.to(dtype)
+    loss = global_mse_loss(pred.local, target, loss_grid, loss_axes)
+    shown = float(loss.detach())
     if spectral_weight:
-        loss = loss + spectral_weight * high_band_loss(pred.local, y.local, grid, pred.layout)
+        part = np.zeros(1)
+        if share:  # (the same on every rank of a data group: an empty share has no band to compute)
+            band = spectral_weight * share * high_band_loss(pred.local.to(dtype), target, mgrid, pred.layout)
+            loss = loss + band
+            part[0] = float(band.detach())
+        if plan is not None:
+            hpctp.comm.allreduce(plan.data_comm, part, "sum")
+        shown += float(part[0])
     loss.backward()
-    sync_gradients(model, grid)
+    if isinstance(model, ShardedDataParallel):
+        model.step(opt)
+        return shown
+    if plan is not None:
+        plan.sync_gradients(model)
+    else:
+        sync_gradients(model, mgrid)
     opt.step()
-    return float(loss.detach())
+    return shown
 
 
 def train(
@@ -91,30 +126,43 @@ def train(
         run.mkdir(parents=True, exist_ok=True)
         (run / "config.json").write_text(json.dumps(cfg, indent=2))
     grid.comm.Barrier()
-    pairs = open_pairs(data, grid, cfg, "train")
+    setup, plan = training_setup(cfg, grid)
+    log.info("training grid %s: %s, zero stage %d, %s", plan.grid.dims, plan, setup.zero, setup.precision)
+    pairs = open_pairs(data, plan.model_grid, cfg, "train")
     channels = pairs.layout.global_shape[0]
-    model = build_model(cfg["surrogate"], channels, grid)
-    opt = make_optimizer(model, cfg)
-    loader = FieldLoader(pairs, int(tcfg["batch_size"]), shuffle=True, seed=int(cfg["surrogate"]["seed"]))
-    per_epoch = math.ceil(len(pairs) / int(tcfg["batch_size"]))
+    model = build_model(
+        cfg["surrogate"], channels, plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None
+    )
+    if setup.checkpoint_activations:
+        log.info("activation checkpointing: %d layers recompute in backward", checkpoint_layers(model))
+    if not resume or not ckpt.exists():  # (fit before sharding: stage 3 holds only slices of the buffers' owners)
+        log.info(
+            "RMS change between paired snapshots: %.4g (output scale)", fit_delta_scale(model, pairs, plan.model_grid)
+        )
+    wrapped = ShardedDataParallel(model, plan, stage=setup.zero)
+    opt = make_optimizer(wrapped, cfg)
+    loader = FieldLoader(pairs, int(tcfg["batch_size"]), shuffle=True, seed=int(cfg["surrogate"]["seed"]), plan=plan)
+    per_epoch = len(loader)
     step = 0
     if resume and ckpt.exists():
-        step = load_checkpoint(ckpt, model, opt, grid)
-        log.info("resumed from %s at step %d (saved on any grid; now %s)", ckpt, step, grid.dims)
-    else:
-        log.info("RMS change between paired snapshots: %.4g (output scale)", fit_delta_scale(model, pairs, grid))
+        step = load_checkpoint(ckpt, wrapped, opt, plan.grid)
+        log.info("resumed from %s at step %d (saved on any grid; now %s)", ckpt, step, plan.grid.dims)
     history: list[float] = []
     epochs = int(tcfg["epochs"])
     show = grid.rank == 0 and sys.stderr.isatty()
+    weight = float(tcfg.get("spectral_weight", 0.0))
     t0 = time.perf_counter()
     for epoch in range(step // per_epoch, epochs):
         loader.set_epoch(epoch)
+        sizes = [len(b) for b in loader.batches(epoch)]
         losses = []
         skip = step - epoch * per_epoch  # batches already done in a resumed epoch
-        for i, (x, y) in enumerate(tqdm(loader, total=per_epoch, desc=f"epoch {epoch + 1}/{epochs}", disable=not show)):
+        batches = tqdm(loader, total=per_epoch, desc=f"epoch {epoch + 1}/{epochs}", disable=not show)
+        for i, (x, y) in enumerate(batches):
             if i < skip:
                 continue
-            losses.append(train_step(model, opt, x, y, grid, float(tcfg.get("spectral_weight", 0.0))))
+            share = x.global_shape[0] / sizes[i]
+            losses.append(train_step(wrapped, opt, x, y, plan, weight, share=share, setup=setup))
             step += 1
         history += losses
         log.info(
@@ -126,14 +174,18 @@ def train(
             time.perf_counter() - t0,
         )
         if (epoch + 1) % int(tcfg["checkpoint_every"]) == 0 or epoch + 1 == epochs:
-            save_checkpoint(ckpt, model, opt, step, grid)
+            save_checkpoint(ckpt, wrapped, opt, step, plan.grid)
             log.info("checkpoint %s (step %d)", ckpt, step)
-            drift = check_replicas(model, grid)  # every rank must still hold the same model
-            if drift:
-                log.warning("replicated parameters differ between ranks (name: ranks): %s", drift)
+            if setup.zero < 3:  # every rank of a data group's blocks must still hold the same model
+                drift = check_replicas(model, plan.model_grid)
+                if drift:
+                    log.warning("replicated parameters differ between ranks (name: ranks): %s", drift)
+    log.info(memory_line(plan.grid))
     if grid.rank == 0:
         with open(run / "history.csv", "a") as f:
             for v in history:
                 f.write(f"{v!r}\n")
     pairs.close()
+    plan.free()
+    plan.grid.free()
     return history

@@ -29,6 +29,9 @@ __all__ = [
     "alltoallv",
     "gatherv",
     "allgatherv",
+    "iallreduce",
+    "ireduce_scatter",
+    "iallgatherv",
     "scatterv",
     "allgather_ints",
     "bcast_ints",
@@ -230,6 +233,115 @@ def allgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Sequ
         item = _itemsize(sendbuf)
         recv, _ = _others(c, rank)
         record(comm, "Allgatherv", c[rank] * item * (size - 1), recv * item, size - 1 if c[rank] else 0)
+
+
+def iallreduce(comm: MPI.Intracomm, x: Array, op: str = "sum") -> Pending:
+    """Collective over ``comm`` (non-blocking). Start reducing ``x`` in place across ranks.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+    x : array
+        As for :func:`allreduce`; do not touch it until the operation completes.
+    op : {"sum", "max", "min", "prod"}
+
+    Returns
+    -------
+    Pending
+        ``wait()`` completes the reduction (the result is then in ``x``).
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``op`` or a non-contiguous ``x``.
+    """
+    mpi_op = _op(op)
+    stack = contextlib.ExitStack()
+    buf = stack.enter_context(reduction_buffer(x, write=True))
+    req = comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op)
+    if comm.Get_size() > 1:
+        n = nbytes(x)
+        record(comm, "Iallreduce", n, n, 1)
+    return Pending(req, stack)
+
+
+def ireduce_scatter(
+    comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Sequence[int], op: str = "sum"
+) -> Pending:
+    """Collective over ``comm`` (non-blocking). Start reducing flat ``sendbuf`` and scattering the result.
+
+    Rank ``r`` receives the ``counts[r]`` elements after the first ``sum(counts[:r])`` of the
+    element-wise reduction of every rank's ``sendbuf`` (``sum(counts)`` elements).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+    sendbuf : array
+        Contiguous, ``sum(counts)`` elements, the same dtype on every rank; only read.
+    recvbuf : array
+        Contiguous, ``counts[rank]`` elements.
+    counts : sequence of int
+        Elements per rank (uneven counts and zeros allowed), the same on every rank.
+    op : {"sum", "max", "min", "prod"}
+
+    Returns
+    -------
+    Pending
+        ``wait()`` completes it (the result is then in ``recvbuf``); leave both buffers alone until then.
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``op`` or non-contiguous buffers.
+    """
+    mpi_op = _op(op)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    c = [int(v) for v in counts]
+    stack = contextlib.ExitStack()
+    sb = stack.enter_context(reduction_buffer(sendbuf, write=False))
+    rb = stack.enter_context(reduction_buffer(recvbuf, write=True))
+    req = comm.Ireduce_scatter(sb, rb, recvcounts=c, op=mpi_op)
+    if size > 1:
+        item = _itemsize(sendbuf)
+        sent, msgs = _others(c, rank)
+        record(comm, "Ireduce_scatter", sent * item, c[rank] * item * (size - 1), msgs)
+    return Pending(req, stack)
+
+
+def iallgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Sequence[int]) -> Pending:
+    """Collective over ``comm`` (non-blocking). Start :func:`allgatherv`: every rank receives all pieces.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+    sendbuf : array
+        Contiguous, ``counts[rank]`` elements.
+    recvbuf : array
+        Contiguous, ``sum(counts)`` elements; rank ``r``'s piece lands after the first ``sum(counts[:r])``.
+    counts : sequence of int
+        Elements per rank, the same on every rank.
+
+    Returns
+    -------
+    Pending
+        ``wait()`` completes it; leave both buffers alone until then.
+
+    Raises
+    ------
+    ValueError
+        On non-contiguous buffers.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    c = [int(v) for v in counts]
+    stack = contextlib.ExitStack()
+    sb = stack.enter_context(mpi_buffer(sendbuf, read=True))
+    rb = stack.enter_context(mpi_buffer(recvbuf, read=False, write=True))
+    req = comm.Iallgatherv(sb, [rb, (c, _displs(c))])
+    if size > 1:
+        item = _itemsize(sendbuf) if _size(sendbuf) else _itemsize(recvbuf)
+        recv, _ = _others(c, rank)
+        record(comm, "Iallgatherv", c[rank] * item * (size - 1), recv * item, size - 1 if c[rank] else 0)
+    return Pending(req, stack)
 
 
 def scatterv(comm: MPI.Intracomm, sendbuf: Array | None, counts: Sequence[int], recvbuf: Array, root: int = 0) -> None:

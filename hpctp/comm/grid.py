@@ -122,7 +122,7 @@ class ProcessGrid:
         if self.coords != grid_coords(self.rank, self.dims):  # MPI guarantees row-major order
             raise RuntimeError("MPI Cartesian ranks are not row-major; hpctp cannot use this MPI")
         self._subs: dict[int, MPI.Cartcomm] = {}
-        self._axes_comms: dict[tuple[int, ...], MPI.Cartcomm] = {}
+        self._axes_comms: dict[tuple[int, ...], MPI.Intracomm] = {}
         for axis in range(self.ndim):
             remain = [a == axis for a in range(self.ndim)]
             sub = self.comm.Sub(remain)
@@ -143,7 +143,7 @@ class ProcessGrid:
         self._check_axis(axis)
         return self._subs[axis]
 
-    def axes_comm(self, axes: Sequence[int]) -> MPI.Cartcomm:
+    def axes_comm(self, axes: Sequence[int]) -> MPI.Intracomm:
         """Collective over grid on the first call for a set of axes, local after (cached).
 
         The communicator of the ranks that differ from this one only along ``axes``; its
@@ -157,8 +157,8 @@ class ProcessGrid:
 
         Returns
         -------
-        mpi4py.MPI.Cartcomm
-            A single-rank communicator for ``axes == ()``.
+        mpi4py.MPI.Intracomm
+            A Cartesian communicator; a single-rank one (not Cartesian) for ``axes == ()``.
 
         Raises
         ------
@@ -170,12 +170,17 @@ class ProcessGrid:
             return self.comm
         if len(key) == 1:
             return self._subs[key[0]]
-        found = self._axes_comms.get(key)
-        if found is None:
-            found = self.comm.Sub([a in key for a in range(self.ndim)])
-            found.Set_name(f"hpctp.grid.axes{''.join(map(str, key))}")
-            self._axes_comms[key] = found
-        return found
+        cached = self._axes_comms.get(key)
+        if cached is not None:
+            return cached
+        made: MPI.Intracomm
+        if key:
+            made = self.comm.Sub([a in key for a in range(self.ndim)])
+        else:  # (some MPICH versions give COMM_NULL for a Cart_sub that keeps no dims)
+            made = self.comm.Split(self.rank, 0)  # type: ignore[assignment]  # (an Intracomm: mpi4py types it Comm)
+        made.Set_name(f"hpctp.grid.axes{''.join(map(str, key))}")
+        self._axes_comms[key] = made
+        return made
 
     def subgrid(self, axes: Sequence[int]) -> ProcessGrid:
         """Collective over grid. The grid of the ranks that differ from this one only along ``axes``.

@@ -44,6 +44,8 @@ from .hdf5 import create_dataset, open_for_read, read_block
 if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io
     import torch
 
+    from ..nn.sharded import ShardedDataParallel
+
 __all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
 
 FORMAT = "hpctp-checkpoint"
@@ -69,11 +71,14 @@ def save_checkpoint(
     path : str or os.PathLike
         Checkpoint file; replaced atomically (a failed save leaves the old one).
     model : torch.nn.Module
+        Or a :class:`hpctp.nn.ShardedDataParallel` (any stage): the file is then that of its
+        inner model and the optimizer state cut per parameter, written once by data group 0
+        over ``plan.model_grid`` (the same file as for the model unwrapped).
     optimizer : torch.optim.Optimizer or None
     step : int
         Training step to resume from; returned by :func:`load_checkpoint`.
     grid : ProcessGrid
-        The grid the sharded parameters' layouts refer to.
+        The grid the sharded parameters' layouts refer to (a ShardedDataParallel's ``plan.grid``).
     method : {"auto", "mpio", "serial"}
         As for :func:`hpctp.io.save_hdf5`.
 
@@ -89,6 +94,10 @@ def save_checkpoint(
     All raised on every rank.
     """
     grid = check_grid(grid)
+    sharded = _sharded(model, grid)
+    if sharded is not None:
+        _save_sharded(path, sharded, optimizer, step, method)
+        return
     error: Exception | None = None
     entries: list[Entry] = []
     scalars: dict[str, dict[str, Any]] = {}
@@ -143,6 +152,61 @@ def save_checkpoint(
     atomic_write(grid, fname, mode="w", prepare=prepare, write=write if mine else None, method=resolved)
 
 
+def _sharded(model: object, grid: ProcessGrid) -> ShardedDataParallel | None:
+    """Collective over grid. ``model`` if it is a ShardedDataParallel of ``grid`` (checked on every rank), else None."""
+    from ..nn.sharded import ShardedDataParallel  # here: hpctp.nn loads torch, which importing hpctp.io does not
+
+    if not isinstance(model, ShardedDataParallel):
+        return None
+    error = None
+    if model.plan.grid is not grid:
+        error = ValueError(
+            f"a ShardedDataParallel's checkpoint needs its plan's grid (dims {model.plan.grid.dims}) as grid, "
+            f"got another grid of dims {grid.dims}; pass sdp.plan.grid"
+        )
+    C.raise_if_any(grid.comm, error)
+    return model
+
+
+def _save_sharded(
+    path: str | os.PathLike[str],
+    sdp: ShardedDataParallel,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    method: str,
+) -> None:
+    """Collective over grid. The inner model and per-parameter optimizer state, written by data group 0."""
+    plan = sdp.plan
+    with sdp.gathered(optimizer) as (model, opt):
+        error: Exception | None = None
+        if plan.data_rank == 0:
+            try:
+                save_checkpoint(path, model, opt, step, plan.model_grid, method=method)
+            except Exception as e:  # noqa: BLE001 - the other data groups raise it too
+                error = e
+        C.raise_if_any(plan.grid.comm, error)
+
+
+def _load_sharded(
+    path: str | os.PathLike[str],
+    sdp: ShardedDataParallel,
+    optimizer: torch.optim.Optimizer | None,
+    strict: bool,
+    method: str,
+) -> int:
+    """Collective over grid. Every data group reads its blocks into the whole model, then keeps its slices."""
+    plan = sdp.plan
+    step = 0
+    with sdp.gathered(optimizer, write_back=True) as (model, opt):
+        error: Exception | None = None
+        try:
+            step = load_checkpoint(path, model, opt, plan.model_grid, strict=strict, method=method)
+        except Exception as e:  # noqa: BLE001 - agreed over the whole grid
+            error = e
+        C.raise_if_any(plan.grid.comm, error)
+    return step
+
+
 def _check_modules(model: object, optimizer: object) -> None:
     import torch
 
@@ -189,9 +253,12 @@ def load_checkpoint(
     ----------
     path : str or os.PathLike
     model : torch.nn.Module
-        Sharded parameters carry ``hpctp_layout`` for this grid.
+        Sharded parameters carry ``hpctp_layout`` for this grid. Or a
+        :class:`hpctp.nn.ShardedDataParallel` (any stage, any plan; ``grid`` its ``plan.grid``):
+        every data group reads its blocks, then keeps its slices of parameters and optimizer state.
     optimizer : torch.optim.Optimizer or None
-        Built over the model's parameters with the same param groups as when saved.
+        Built over the model's parameters with the same param groups as when saved
+        (for a ShardedDataParallel: over ``sdp.parameters()``).
     grid : ProcessGrid
     strict : bool
         Also fail on tensors in the file that the model does not have.
@@ -217,6 +284,9 @@ def load_checkpoint(
     All raised on every rank; nothing is modified then.
     """
     grid = check_grid(grid)
+    sharded = _sharded(model, grid)
+    if sharded is not None:
+        return _load_sharded(path, sharded, optimizer, strict, method)
     error: Exception | None = None
     fname = ""
     try:

@@ -28,6 +28,8 @@ from .patch import (
 )
 from .plan import ParallelPlan
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
+from .recompute import Checkpointed, checkpoint
+from .sharded import ShardedDataParallel
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from .state_dict import global_state_dict, load_global_state_dict
 from .transformer import TransformerBlock
@@ -40,6 +42,7 @@ __all__ = [
     "BatchNorm1d",
     "BatchNorm2d",
     "BatchNorm3d",
+    "Checkpointed",
     "ColumnParallelLinear",
     "Conv1d",
     "Conv2d",
@@ -62,6 +65,7 @@ __all__ = [
     "PatchEmbed3d",
     "RMSNorm",
     "RowParallelLinear",
+    "ShardedDataParallel",
     "SpectralConv1d",
     "SpectralConv2d",
     "SpectralConv3d",
@@ -73,6 +77,7 @@ __all__ = [
     "attention_schedule",
     "broadcast_parameters",
     "check_replicas",
+    "checkpoint",
     "context_parallel",
     "functional",
     "global_l1_loss",

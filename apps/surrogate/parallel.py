@@ -1,0 +1,133 @@
+"""The training grid of the surrogate: data x spatial (x tensor) axes from the ``[train]`` config keys,
+the precision, activation checkpointing, and the memory line of the log.
+
+Config keys (``[train]``, all optional):
+
+* ``data`` (int, default 1): data-parallel groups; each holds a share of every global batch.
+* ``tensor`` (int, default 1): ranks splitting the ViT's heads and MLP (``model = "vit"`` only).
+* ``zero`` (0..3, default 0): what :class:`hpctp.nn.ShardedDataParallel` shards over the data axis
+  (0 nothing, 1 optimizer state, 2 + gradients, 3 + parameters).
+* ``precision`` (``"fp32"`` or ``"bf16"``): bf16 runs the forward under ``torch.autocast`` (float32
+  parameters and optimizer state; ``surrogate.dtype`` must then be float32).
+* ``checkpoint_activations`` (bool): recompute each layer's activations in backward.
+
+The grid is ``[data, *simulation.grid]`` plus ``[tensor]`` when ``tensor > 1``; the spatial part is
+filled in by MPI where ``simulation.grid`` has zeros, so the same config runs on any rank count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+import hpctp
+from hpctp.nn import ParallelPlan, checkpoint
+
+__all__ = ["TrainingSetup", "training_setup", "autocast", "checkpoint_layers", "memory_line", "PRECISIONS"]
+
+PRECISIONS = ("fp32", "bf16")
+
+
+class TrainingSetup:
+    """Local. The validated ``[train]`` parallelism keys."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        t, s = cfg["train"], cfg["surrogate"]
+        self.data = t.get("data", 1)
+        self.tensor = t.get("tensor", 1)
+        self.zero = t.get("zero", 0)
+        self.precision = t.get("precision", "fp32")
+        self.checkpoint_activations = t.get("checkpoint_activations", False)
+        for name, value in (("data", self.data), ("tensor", self.tensor)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"train.{name} must be a positive int, got {value!r}")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ValueError(f"train.zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision == "bf16" and s["dtype"] != "float32":
+            raise ValueError(
+                f"train.precision = 'bf16' computes in bfloat16 from float32 parameters; "
+                f"set surrogate.dtype = 'float32' (got {s['dtype']!r})"
+            )
+        if not isinstance(self.checkpoint_activations, bool):
+            raise ValueError(f"train.checkpoint_activations must be true or false, got {self.checkpoint_activations!r}")
+        if self.tensor > 1 and s["model"] != "vit":
+            raise ValueError(
+                f"train.tensor = {self.tensor} splits the weights of the ViT's heads and MLP; the {s['model']!r} "
+                "model has none to split: use train.tensor = 1 or surrogate.model = 'vit'"
+            )
+        if self.tensor > 1 and float(t.get("spectral_weight", 0.0)):
+            raise ValueError("train.spectral_weight needs train.tensor = 1 (its FFT runs on the spatial axes)")
+
+
+def training_setup(cfg: dict[str, Any], grid: hpctp.ProcessGrid) -> tuple[TrainingSetup, ParallelPlan]:
+    """Collective over grid. The parallelism keys and the plan of a training grid on ``grid``'s ranks.
+
+    Raises
+    ------
+    ValueError
+        On invalid keys, or when ``data x tensor`` does not divide the rank count (on every rank).
+    """
+    setup = TrainingSetup(cfg)
+    spatial = list(cfg["simulation"]["grid"])
+    parts = setup.data * setup.tensor
+    if grid.size % parts:
+        raise ValueError(
+            f"train.data x train.tensor = {setup.data} x {setup.tensor} must divide the {grid.size} ranks; "
+            "choose them so, or run on a multiple of their product"
+        )
+    dims = [setup.data, *spatial] + ([setup.tensor] if setup.tensor > 1 else [])
+    train_grid = hpctp.ProcessGrid(dims, comm=grid.comm)
+    tensor = (train_grid.ndim - 1,) if setup.tensor > 1 else ()
+    return setup, ParallelPlan(train_grid, data=(0,), spatial=(1, 2), tensor=tensor)
+
+
+def autocast(setup: TrainingSetup, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Local. ``torch.autocast`` to bfloat16 for ``precision = "bf16"``, else nothing."""
+    if setup.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The modules whose activations are recomputed: every member of the model's ModuleLists that
+    is not itself a ModuleList (the conv layers, Fourier layers, transformer blocks)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList):
+            yield from (c for c in m if not isinstance(c, torch.nn.ModuleList))
+
+
+def checkpoint_layers(model: torch.nn.Module) -> int:
+    """Local. Run each layer of ``model`` (see :func:`_layers`) under :func:`hpctp.nn.checkpoint` when
+    gradients are on; the module tree and state-dict names are unchanged. Returns the count."""
+    count = 0
+    for layer in _layers(model):
+        forward: Callable[..., Any] = layer.forward
+
+        def run(*args: Any, _forward: Callable[..., Any] = forward, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                return checkpoint(_forward, *args, **kwargs)
+            return _forward(*args, **kwargs)
+
+        layer.forward = run  # type: ignore[method-assign]
+        count += 1
+    return count
+
+
+def memory_line(grid: hpctp.ProcessGrid) -> str:
+    """Collective over grid. Peak resident memory per rank (and peak CUDA memory where used), as
+    ``min / max over ranks`` in MiB."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    cuda = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
+    table = hpctp.comm.allgather_ints(grid.comm, [int(rss), int(cuda)]) / 2**20
+    text = f"peak memory per rank: host {table[:, 0].min():.0f}-{table[:, 0].max():.0f} MiB"
+    if np.any(table[:, 1]):
+        text += f", GPU {table[:, 1].min():.0f}-{table[:, 1].max():.0f} MiB"
+    return text + f" ({grid.size} ranks)"
