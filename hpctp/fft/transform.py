@@ -44,6 +44,8 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
     into more parts than it has entries) gets the transform of a one-entry stand-in, cut back
     to empty: the right shape and dtype, and no call into an FFT library that refuses it."""
     name = backend_name(x)
+    if name == "torch" and str(x.dtype) == "torch.bfloat16":  # no bfloat16 FFT: float32, as torch's autocast
+        x = x.float()
     if name == "torch" and _numpy_runs(x):  # (numpy's FFT on the same memory: see _numpy_runs)
         import torch
 

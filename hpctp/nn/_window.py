@@ -21,6 +21,7 @@ layout, grid; :func:`~hpctp.nn._inputs.field_input`) and its arguments as one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from ..halo.plan import fetch_plan
 from ..halo.run import FetchHandle, begin_fetch
 from ..layout import Layout
+from ._amp import autocast_dtype, autocast_input
 from ._fetch import Fetch, FetchStrips, GradSink, Slot
 from ._inputs import FieldInput
 from .window_spec import DimWindow, WindowSpec
@@ -265,7 +267,7 @@ def _check_weights(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor |
     layout = field.global_layout
     if layout.global_shape[1] != channels:
         raise ValueError(f"input has {layout.global_shape[1]} channels, the weight expects {channels}")
-    if field.block.dtype != weight.dtype:
+    if field.block.dtype != weight.dtype and autocast_dtype(field.block) is None:  # (autocast casts the weight)
         raise ValueError(f"input dtype {field.block.dtype} differs from the weight dtype {weight.dtype}")
     if bias is not None and tuple(bias.shape) != (out_channels,):
         raise ValueError(
@@ -273,8 +275,15 @@ def _check_weights(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor |
         )
 
 
+def _autocast(field: FieldInput) -> FieldInput:
+    """The field in autocast's dtype when autocast is on, cast before its halo travels (half the bytes)."""
+    block = autocast_input(field.block)
+    return field if block is field.block else dataclasses.replace(field, block=block)
+
+
 def conv(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec, overlap: bool) -> Any:
     """Collective over grid. This rank's block of the global ``convNd`` of ``spec``, in the input's kind."""
+    field = _autocast(field)
     _check_weights(field, weight, bias, spec)
     windows = spec.windows(field.global_layout.global_shape[2:], weight.shape[2:])
     fn = (F.conv1d, F.conv2d, F.conv3d)[spec.nd - 1]
@@ -348,6 +357,7 @@ def _divisor(
 
 def conv_transpose(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec) -> Any:
     """Collective over grid. This rank's block of the global ``conv_transposeNd`` of ``spec``, in the input's kind."""
+    field = _autocast(field)
     _check_weights(field, weight, bias, spec)
     x, layout, grid, nd = field.block, field.global_layout, field.grid, spec.nd
     k = tuple(int(v) for v in weight.shape[2:])
@@ -369,7 +379,7 @@ def conv_transpose(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor |
     if math.prod(out_shape) == 0 or math.prod(xin.shape) == 0:
         y = x.new_zeros(out_shape)
         if bias is not None and math.prod(out_shape) > 0:
-            y = y + bias.reshape((1, -1) + (1,) * nd)
+            y = y + bias.to(y.dtype).reshape((1, -1) + (1,) * nd)  # (autocast: y's dtype, as torch)
         return field.wrap(Tie.apply(y, xin, *params), out_layout)
     fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
     z = fn(xin, weight, None, s, 0, 0, spec.groups, dil)
@@ -380,5 +390,5 @@ def conv_transpose(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor |
         pad += [t0 - (o0 + p[d]), (o1 + p[d]) - (t0 + z.shape[d + 2])]
     y = F.pad(z, pad)
     if bias is not None:
-        y = y + bias.reshape((1, -1) + (1,) * nd)
+        y = y + bias.to(y.dtype).reshape((1, -1) + (1,) * nd)  # (autocast: y's dtype, as torch)
     return field.wrap(y, out_layout)

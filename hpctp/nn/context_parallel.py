@@ -65,6 +65,7 @@ from ..layout.ring import RingPlan, all_to_all_split, flat_token_indices, ring_p
 from ..linalg.cost import AttentionCost, choose_schedule, predict_attention
 from ..ops.move import move_block
 from ..tensor.core import DistTensor
+from ._amp import autocast_input, autocast_off
 
 __all__ = [
     "CAUSAL_RUN_MIN",
@@ -718,7 +719,8 @@ class _RingAttention(torch.autograd.Function):
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
     ) -> torch.Tensor:
         pieces = _flash_pieces(plan) if _flash_applies(q, k, v) else None
-        out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, pieces)
+        with autocast_off(q):  # (autocast: the inputs are cast already; the statistics stay in float32)
+            out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, pieces)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.grid, ctx.plan, ctx.scale, ctx.pieces = grid, plan, scale, pieces
@@ -728,19 +730,11 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
         want_kv = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
-        dq, dk, dv = _ring_backward(
-            dout.contiguous(),
-            q.detach(),
-            k.detach(),
-            v.detach(),
-            out,
-            lse,
-            ctx.grid,
-            ctx.plan,
-            ctx.scale,
-            want_kv,
-            ctx.pieces,
-        )
+        with autocast_off(q):
+            dq, dk, dv = _ring_backward(
+                dout.contiguous(), q.detach(), k.detach(), v.detach(), out, lse, ctx.grid, ctx.plan, ctx.scale,
+                want_kv, ctx.pieces,
+            )  # fmt: skip
         return (
             dq.to(q.dtype),
             None if dk is None else dk.to(k.dtype),
@@ -838,10 +832,19 @@ def attention(
         the keys hold no token, ``scale``/``schedule`` is invalid, ``schedule="all_to_all"``
         cannot run these layouts, or ranks passed different arguments (on every rank).
     """
+    q, k, v = (_autocast(x) for x in (q, k, v))
     _, call = _prepare(q, k, v, causal, scale, schedule)
     if call.schedule == "all_to_all":
         return _all_to_all(q, k, v, causal, call)
     return _ring(q, k, v, causal, call)
+
+
+def _autocast(x: Any) -> Any:
+    """A DistTensor's torch block in autocast's dtype when autocast is on (as SDPA's inputs), before it travels."""
+    if not isinstance(x, DistTensor) or not isinstance(x.local, torch.Tensor):
+        return x
+    block = autocast_input(x.local)
+    return x if block is x.local else x.with_local(block)
 
 
 def attention_schedule(

@@ -28,6 +28,7 @@ import torch
 from ..comm import ProcessGrid, check_grid
 from ..layout import Layout
 from ..ops.autograd import allreduce_sum, sum_gradients
+from ._amp import autocast_dtype, autocast_off
 from ._dft import check_modes, forward_matrix, inverse_matrix, kept_modes
 from ._inputs import field_input
 
@@ -188,7 +189,20 @@ def spectral_conv(
     modes = _modes_of(weight)
     field = field_input(x, grid, split, nd, layout)
     local, lay = field.block, field.global_layout
+    if autocast_dtype(local) is not None and local.dtype in (torch.float16, torch.bfloat16):
+        local = local.to(weight.dtype)  # autocast: the transforms in float32, as torch's FFTs
     _check_input(lay.global_shape, local.dtype, weight, modes)
+    with autocast_off(local):
+        out = _spectral_conv_block(local, weight, lay, grid, modes)
+    shape = (lay.global_shape[0], int(weight.shape[1])) + tuple(lay.global_shape[2:])
+    return field.wrap(out, Layout(shape, lay.grid_dims, lay.split, lay.cuts))
+
+
+def _spectral_conv_block(
+    local: torch.Tensor, weight: torch.Tensor, lay: Layout, grid: ProcessGrid, modes: tuple[int, ...]
+) -> torch.Tensor:
+    """This rank's output block of :func:`spectral_conv` (validated arguments)."""
+    nd = len(modes)
     spatial = lay.global_shape[2:]
     ranges = lay.local_ranges(grid.coords)[2:]
     axes = sorted({g for g in lay.split[2:] if g is not None and grid.dims[g] > 1})
@@ -205,6 +219,4 @@ def spectral_conv(
         y = torch.view_as_complex(sum_gradients(torch.view_as_real(y), grid, axes))  # is complete
     for i in range(last):
         y = _along(y, 2 + i, inverse_matrix(spatial[i], *ranges[i], modes[i], False, real, dev))
-    out = _real_part_along(y, 1 + nd, inverse_matrix(spatial[last], *ranges[last], modes[last], True, real, dev))
-    shape = (lay.global_shape[0], int(weight.shape[1])) + tuple(spatial)
-    return field.wrap(out, Layout(shape, lay.grid_dims, lay.split, lay.cuts))
+    return _real_part_along(y, 1 + nd, inverse_matrix(spatial[last], *ranges[last], modes[last], True, real, dev))

@@ -49,6 +49,7 @@ from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
 from ..linalg.summa import summa_block
 from ..tensor.random import block_uniform
+from ._amp import autocast_dtype
 from .sequence_parallel import ArgumentAgreement, CopyToAxis, SumOverAxis
 
 __all__ = [
@@ -233,7 +234,7 @@ def _check_input(x: object, weight: torch.Tensor, features: int, what: str) -> E
         return TypeError(f"{what}: input must be a torch.Tensor, got {type(x).__name__}")
     if x.ndim < 1 or x.shape[-1] != features:
         return ValueError(f"{what}: input's last dim must be {features} on this rank, got shape {tuple(x.shape)}")
-    if x.dtype != weight.dtype or x.device != weight.device:
+    if (x.dtype != weight.dtype and autocast_dtype(x) is None) or x.device != weight.device:  # (autocast casts)
         return TypeError(f"{what}: input is {x.dtype} on {x.device}, the weight {weight.dtype} on {weight.device}")
     return None
 
@@ -421,7 +422,7 @@ class RowParallelLinear(torch.nn.Module):
         if not self.input_is_parallel:
             x = _SliceLast.apply(x, comm, self.in_cuts)
         y = SumOverAxis.apply(self.partial_forward(x), comm)
-        return y + self.bias if self.bias is not None else y
+        return y + self.bias.to(y.dtype) if self.bias is not None else y  # (autocast: y's dtype, as torch)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, grid={self.grid.dims}, "
@@ -554,7 +555,12 @@ class Linear2D(torch.nn.Module):
             )
         C.raise_if_any(self.grid.comm, err)
         lay = self._x_layout(x.shape[0])
-        return _Summa2DLinear.apply(x.contiguous(), self.weight, self.bias, self.grid, lay, self.w_layout, self.panel)
+        w: torch.Tensor = self.weight
+        b: torch.Tensor | None = self.bias
+        dt = autocast_dtype(x)
+        if dt is not None:  # autocast: the products in its dtype, as torch's linear (reductions in float32)
+            x, w, b = x.to(dt), w.to(dt), None if b is None else b.to(dt)
+        return _Summa2DLinear.apply(x.contiguous(), w, b, self.grid, lay, self.w_layout, self.panel)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, grid={self.grid.dims}, "

@@ -18,6 +18,7 @@ import torch
 
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
+from ._amp import autocast_dtype, autocast_input
 from .linear import ColumnParallelLinear, RowParallelLinear, derive_seed
 from .sequence_parallel import ArgumentAgreement, enter_parallel_region, leave_parallel_region
 from .sequence_parallel import token_cuts as agree_token_cuts
@@ -121,7 +122,7 @@ class ParallelMLP(torch.nn.Module):
             return ValueError(f"ParallelMLP: input's last dim must be {self.embed_dim}, got shape {tuple(x.shape)}"), (
                 "invalid",
             )
-        if x.dtype != w.dtype or x.device != w.device:
+        if (x.dtype != w.dtype and autocast_dtype(x) is None) or x.device != w.device:  # (autocast casts)
             return TypeError(f"ParallelMLP: input is {x.dtype} on {x.device}, the weights {w.dtype} on {w.device}"), (
                 "invalid",
             )
@@ -177,8 +178,9 @@ class ParallelMLP(torch.nn.Module):
         """
         comm = self.grid.sub(self.axis)
         cuts = tuple(token_cuts) if token_cuts is not None and self.sequence_parallel else self.agree(x)
+        x = autocast_input(x)  # (autocast: the gathered tokens travel in its dtype)
         y = leave_parallel_region(self.inner(enter_parallel_region(x, comm, cuts)), comm, cuts)
-        return y + self.linear2.bias if self.linear2.bias is not None else y
+        return y + self.linear2.bias.to(y.dtype) if self.linear2.bias is not None else y
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}, sequence_parallel={self.sequence_parallel}"

@@ -11,13 +11,28 @@ starts with one backward. With ``sequence_parallel=True`` they hold only their b
 tokens (dim 1, any cuts): entering a region all-gathers the tokens, leaving it
 reduce-scatters them, which moves the bytes of a bandwidth-optimal all-reduce while the
 norms, dropout and residuals keep ``1/P`` of the activations. The token cuts and the
-arguments are agreed in one small ``Allgather`` per block call.
+arguments are agreed in one small ``Allgather`` per block call for torch.Tensor inputs; a
+:class:`hpctp.DistTensor` input carries its cuts in its layout, which is checked once per
+layout (the verdict cached): no message per call beyond the data.
+
+The input may be a DistTensor ``[batch, tokens, embed]`` (embedding whole; the batch may be
+split over grid axes other than ``axis``): the tokens whole along ``axis``, or split over it
+with sequence parallelism; the output is a DistTensor of the same layout. With
+``attention="ring"`` (or ``"all_to_all"``, ``"auto"``: the schedule of
+:func:`hpctp.nn.functional.attention`) the input is a DistTensor ``[batch, *tokens, embed]``
+with 1 to 3 token dims (a sequence, or the patch grid of a 2-D/3-D field) split over grid
+axes *other than* ``axis``: the heads stay split over ``axis`` (column-parallel q, k, v by
+whole heads), each rank's heads attend over all the tokens of the grid (K/V blocks travel a
+ring over the token axes, or move all-to-all), the output projection is row-parallel (one
+all-reduce over ``axis``), and the norms, residuals and the MLP are per token (local, the
+MLP's one all-reduce over ``axis``).
 
 Gradients: every parameter's gradient is complete along ``axis`` after backward and marked
 ``hpctp_grad_reduced``, except, with sequence parallelism, those of the norms and of the
 two output biases (each rank saw only its tokens): one
 ``hpctp.nn.sync_gradients(block, grid)`` sums them over ``axis``, and everything over
-data-parallel axes.
+data-parallel axes (and, with ``attention="ring"``, over the token axes: every gradient is
+partial there, and the same call sums it).
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import torch
 
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
+from ..tensor.core import DistTensor
 from .attention import MultiheadAttention
 from .layer_norm import LayerNorm, RMSNorm
 from .linear import derive_seed
@@ -36,12 +52,15 @@ from .mlp import ParallelMLP
 
 __all__ = ["TransformerBlock", "ATTENTION_KINDS", "NORMS"]
 
-#: Attention kinds a :class:`TransformerBlock` can hold. Another kind plugs in through
-#: :func:`_attention_layer`: a module called as ``attn(h, attn_mask=..., key_padding_mask=...,
-#: is_causal=..., token_cuts=...) -> (y, None)`` with ``h`` and ``y`` in the block's token
-#: layout, with an ``agree(h, h, h, attn_mask, key_padding_mask, is_causal)`` returning the
-#: token cuts (e.g. ``"ring"``: ring attention over the split tokens, hpctp.nn.context_parallel).
-ATTENTION_KINDS = ("heads",)
+#: Attention kinds a :class:`TransformerBlock` can hold: ``"heads"`` (each rank attends over all the
+#: tokens it holds; :class:`~hpctp.nn.MultiheadAttention` split over heads), and ``"ring"``,
+#: ``"all_to_all"``, ``"auto"``: the same heads split, attending over tokens split across the
+#: other grid axes with that schedule of :func:`hpctp.nn.functional.attention` (DistTensor inputs).
+#: Another kind plugs in through :func:`_attention_layer`: a module called as ``attn(h,
+#: attn_mask=..., key_padding_mask=..., is_causal=..., token_cuts=...) -> (y, None)`` with ``h`` and
+#: ``y`` in the block's token layout (torch.Tensor blocks, or DistTensors in, DistTensors out),
+#: with an ``agree(h, h, h, attn_mask, key_padding_mask, is_causal)`` returning the token cuts.
+ATTENTION_KINDS = ("heads", "ring", "all_to_all", "auto")
 
 NORMS: dict[str, type[LayerNorm] | type[RMSNorm]] = {"layer": LayerNorm, "rms": RMSNorm}
 
@@ -53,11 +72,14 @@ def _attention_layer(kind: str, embed_dim: int, num_heads: int, grid: ProcessGri
     """Local. The block's attention module of ``kind`` (see :data:`ATTENTION_KINDS`)."""
     if kind == "heads":
         return MultiheadAttention(embed_dim, num_heads, grid, **kwargs)
-    if kind == "ring":
-        raise ValueError(
-            "attention='ring' (ring attention over split tokens) is not available in TransformerBlock yet; "
-            "use attention='heads'"
-        )
+    if kind in ATTENTION_KINDS:
+        if kwargs.get("sequence_parallel"):
+            raise ValueError(
+                f"attention={kind!r} (attention over tokens split across the grid axes other than the heads' axis) "
+                f"does not combine with sequence_parallel=True (tokens split over the heads' axis); use "
+                f"attention='heads' with sequence_parallel=True, or attention={kind!r} without it"
+            )
+        return MultiheadAttention(embed_dim, num_heads, grid, schedule=kind, **kwargs)
     raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
 
 
@@ -78,11 +100,17 @@ class TransformerBlock(torch.nn.Module):
         Hidden features of the MLP: ``int(mlp_ratio * embed_dim)``.
     grid : ProcessGrid
     axis : int
-        The tensor-parallel grid axis; ranks along other axes hold other data (data parallelism).
+        The tensor-parallel grid axis; ranks along other axes hold other data (data parallelism)
+        or, with ``attention="ring"``, other tokens.
     sequence_parallel : bool
-        Inputs and outputs are this rank's block of the tokens (dim 1).
-    attention : str
-        ``"heads"``: :class:`~hpctp.nn.MultiheadAttention` split over heads.
+        Inputs and outputs are this rank's block of the tokens (dim 1), split over ``axis``.
+    attention : {"heads", "ring", "all_to_all", "auto"}
+        ``"heads"``: :class:`~hpctp.nn.MultiheadAttention` split over heads, every rank
+        attending over the tokens it holds (whole, or gathered with sequence parallelism).
+        ``"ring"``, ``"all_to_all"``, ``"auto"``: the same split of the heads over ``axis``,
+        attending over DistTensor inputs whose tokens are split over the other grid axes with
+        that schedule of :func:`hpctp.nn.functional.attention` (``"auto"``: the one
+        :mod:`hpctp.perf` predicts faster); not with ``sequence_parallel``.
     norm : {"layer", "rms"}
         :class:`~hpctp.nn.LayerNorm` or :class:`~hpctp.nn.RMSNorm` over the (whole) embedding.
     activation : str or callable
@@ -105,8 +133,11 @@ class TransformerBlock(torch.nn.Module):
     TypeError
         If ``grid`` is not a ProcessGrid.
     ValueError
-        On invalid sizes, ``axis``, ``attention``, ``norm``, ``activation`` or ``dropout``.
+        On invalid sizes, ``axis``, ``attention``, ``norm``, ``activation`` or ``dropout``, or
+        ``attention="ring"`` (``"all_to_all"``, ``"auto"``) with ``sequence_parallel``.
     """
+
+    hpctp_generators = ("_generator",)  # the dropout masks' generator, replayed by hpctp.nn.checkpoint
 
     def __init__(
         self, embed_dim: int, num_heads: int, mlp_ratio: float, grid: ProcessGrid, *, axis: int = 0,
@@ -198,32 +229,48 @@ class TransformerBlock(torch.nn.Module):
         return y * keep / (1.0 - self.dropout)
 
     def forward(
-        self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
+        self, x: torch.Tensor | DistTensor, *, attn_mask: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None, is_causal: bool = False,
-    ) -> torch.Tensor:  # fmt: skip
-        """Collective over the ranks of ``axis``. One block on ``[batch, tokens, embed]``.
+    ) -> torch.Tensor | DistTensor:  # fmt: skip
+        """Collective over the ranks of ``axis`` (over grid with ``attention="ring"``). One block.
 
         Parameters
         ----------
-        x : torch.Tensor
+        x : torch.Tensor or DistTensor
             ``[batch, tokens, embed]``, the same on every rank of ``axis`` (with sequence
-            parallelism: this rank's block of the tokens).
+            parallelism: this rank's block of the tokens). Or a DistTensor on the block's grid,
+            the embedding whole, the batch whole or split over axes other than ``axis``:
+            ``[batch, tokens, embed]`` with the tokens whole along ``axis`` (with sequence
+            parallelism: split over ``axis``, any cuts); with ``attention="ring"`` (or
+            ``"all_to_all"``, ``"auto"``) ``[batch, *tokens, embed]``, 1 to 3 token dims split
+            over grid axes other than ``axis`` (or whole).
         attn_mask, key_padding_mask, is_causal
-            As for :class:`~hpctp.nn.MultiheadAttention` (over all the tokens).
+            As for :class:`~hpctp.nn.MultiheadAttention` (over all the tokens). With
+            ``attention="ring"``: no masks, ``is_causal`` for one token dim only.
 
         Returns
         -------
-        torch.Tensor
-            Same shape and layout as ``x``.
+        torch.Tensor or DistTensor
+            Same shape and layout as ``x`` (a DistTensor of ``x``'s layout for a DistTensor).
 
         Raises
         ------
         TypeError, ValueError
-            On invalid arguments, on every rank of ``axis``.
+            On invalid arguments, on every rank of ``axis`` (of the grid with
+            ``attention="ring"``), before any data moves: e.g. a DistTensor on another grid,
+            its embedding split, its tokens split over ``axis`` without ``sequence_parallel``,
+            or over other axes without ``attention="ring"``; a torch.Tensor with ``"ring"``.
         """
         # before the norm, which checks only locally: an input wrong on one rank raises on all of the axis
-        # (without sequence parallelism the verdict is cached: the sublayers' own checks then cost nothing)
+        # (without sequence parallelism, or for a DistTensor, the verdict is cached: the sublayers' own
+        # checks then cost nothing)
         cuts = self.self_attn.agree(x, x, x, attn_mask, key_padding_mask, is_causal)
+        if isinstance(x, DistTensor):
+            hd = x.with_local(self.norm1(x.local))
+            ad, _ = self.self_attn(hd, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
+            y = x.local + self._drop(ad.local)
+            md = self.mlp(self.norm2(y), token_cuts=None if cuts is None else cuts[0])
+            return x.with_local(y + self._drop(md))
         h = self.norm1(x)
         a, _ = self.self_attn(
             h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, token_cuts=cuts
