@@ -154,5 +154,5 @@ EOF
 [ -z "$build_only" ] || exit 0
 
 args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py)
+[ ${#args[@]} -gt 0 ] || args=(tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_sharded_checkpoint.py tests/test_device_blocks.py)
 VENV=$VENV MPI_RANKS=${MPI_RANKS:-2 3 4} LEG_PREFIX="MPI-IO " bash tests/run_all.sh "${args[@]}"  # (6 ranks of MPI-IO: 4 more minutes)

@@ -90,3 +90,38 @@ def test_setup_rejects_bad_keys() -> None:
             TrainingSetup(bad)
     with pytest.raises(ValueError, match="float32"):
         TrainingSetup({**cfg, "train": {**cfg["train"], "precision": "bf16"}})  # tiny trains in float64
+
+
+def _run(cfg: dict, root: Path, name: str, **train_keys: object) -> list[float]:  # type: ignore[type-arg]
+    run = {**cfg, "train": {**cfg["train"], **train_keys}}
+    with hpctp.ProcessGrid((0, 0), comm=WORLD) as grid:
+        return train(run, str(root / "sim.h5"), str(root / name), grid, get_logger("test", grid))
+
+
+@pytest.mark.mpi
+def test_vit_heads_on_a_tensor_axis_and_activation_checkpointing(snapshots) -> None:  # type: ignore[no-untyped-def]
+    """The ViT trained with its heads split over a tensor axis (and data groups where the ranks allow),
+    then with activation checkpointing: the curve of all-spatial training."""
+    cfg, root = snapshots
+    vit = {**cfg, "surrogate": {**cfg["surrogate"], "model": "vit", "patch": 2, "embed": 8, "heads": 2}}
+    vit["train"] = {**cfg["train"], "spectral_weight": 0.0}
+    size = WORLD.Get_size()
+    ref = _run(vit, root, "vit-ref")
+    runs = {"checkpointing, zero 3": _run(vit, root, "vit-ckpt", checkpoint_activations=True, zero=3, data=size)}
+    if size % 2 == 0:
+        runs["tensor 2"] = _run(vit, root, "vit-t2", tensor=2)
+        runs["tensor 2, data, zero 2"] = _run(vit, root, "vit-t2d", tensor=2, data=size // 2, zero=2)
+    with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
+        for what, curve in runs.items():
+            assert_allclose(grid, np.array(curve), np.array(ref), rtol=1e-10, what=what)
+
+
+@pytest.mark.mpi
+def test_bf16_training_follows_float32(snapshots) -> None:  # type: ignore[no-untyped-def]
+    cfg, root = snapshots
+    f32 = {**cfg, "surrogate": {**cfg["surrogate"], "dtype": "float32"}, "train": {**cfg["train"], "epochs": 4}}
+    size = WORLD.Get_size()
+    ref = _run(f32, root, "f32", data=size)
+    bf16 = _run(f32, root, "bf16", data=size, precision="bf16")
+    with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
+        assert_allclose(grid, np.array(bf16), np.array(ref), rtol=1e-2, what="bf16 loss curve vs float32")

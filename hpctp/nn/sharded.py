@@ -537,6 +537,15 @@ class ShardedDataParallel(torch.nn.Module):
             self._bucket_ready(bucket)
             if self.overlap:
                 self._launch_ready()
+        if self.overlap:
+            self._progress()
+
+    def _progress(self) -> None:
+        """Local. Let MPI advance the messages in flight (a ``Test`` each): without a progress thread,
+        a large message moves only while its process is inside MPI, so backward's hooks poke it."""
+        for bucket in self._order[: self._next]:
+            if bucket.message is not None:
+                bucket.message.test()
 
     def _bucket_ready(self, bucket: _Bucket) -> None:
         bucket.pack_gradients()
