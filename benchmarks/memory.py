@@ -12,10 +12,11 @@ with its 1x1 convolution) on ``--size``-square 2-channel fields, float32, traine
 global batch of ``--batch`` samples split over the ranks (data parallelism: ``ParallelPlan(grid,
 data=(0,))``). For every configuration, in ONE run per rank count:
 
-* **state** per rank: the bytes of parameters, gradients and Adam state held by this rank,
-  sampled after every module's forward and backward and after the step (so the whole parameters
-  that stage 3 gathers for one unit count while they exist); the maximum over the samples and
-  ranks is printed against one process's (the same model unsharded: ``4 x`` its parameter bytes).
+* **state** per rank: the bytes of parameters, gradients and Adam state held by this rank, as
+  *kept* between steps (after the step: what the rank must hold for the model to exist) and at the
+  *peak* inside the step (sampled after every module's forward and backward, so the whole
+  parameters and gradients that stage 3 gathers for a unit, and the next unit prefetched, count
+  while they exist); the maximum over ranks, against one process's (the same model unsharded).
 * **step**: the median over ``--steps`` steps of the slowest rank's time; against the unsharded
   data-parallel step (stage 0, overlap on) of the same run, and against one process running the
   global batch with as many threads as there are ranks (rank 0 alone while the others sleep).
@@ -119,8 +120,8 @@ class _Probe:
         self.model, self.owner, self.opt, self.peak = model, owner, opt, 0
         self.handles = []
         for m in model.modules():
-            self.handles.append(m.register_forward_hook(lambda *_: self.sample()))
-            self.handles.append(m.register_full_backward_hook(lambda *_: self.sample()))
+            self.handles.append(m.register_forward_hook(lambda *_: self.sample(), prepend=True))
+            self.handles.append(m.register_full_backward_hook(lambda *_: self.sample(), prepend=True))
 
     def tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
@@ -163,7 +164,9 @@ def _data(args: argparse.Namespace, start: int, stop: int) -> tuple[torch.Tensor
     return x[start:stop].contiguous(), torch.roll(x, 1, dims=-1)[start:stop].contiguous()
 
 
-def _configuration(args: argparse.Namespace, plan: Any, stage: int, overlap: bool, ckpt: bool) -> dict[str, Any]:
+def _configuration(
+    args: argparse.Namespace, plan: Any, stage: int, overlap: bool, ckpt: bool, prefetch: bool = True
+) -> dict[str, Any]:
     import hpctp
     from hpctp.nn import ShardedDataParallel, global_mse_loss
 
@@ -171,14 +174,14 @@ def _configuration(args: argparse.Namespace, plan: Any, stage: int, overlap: boo
     model = _model(args, grid)
     if ckpt:
         _checkpoint_layers(model)
-    sdp = ShardedDataParallel(model, plan, stage=stage, overlap=overlap)
+    sdp = ShardedDataParallel(model, plan, stage=stage, overlap=overlap, prefetch=prefetch)
     opt = torch.optim.Adam(sdp.parameters(), lr=1e-4)
     start, stop = plan.sample_range(args.batch)
     x, y = _data(args, start, stop)
     lay = hpctp.Layout(tuple(x.shape), grid.dims, (None, None, 0, 1))
     xd = hpctp.DistTensor(x, grid, lay)
     probe = _Probe(model, sdp, opt)
-    times, saved = [], 0
+    times, saved, kept = [], 0, 0
     for i in range(args.steps + 1):
         plan.grid.comm.Barrier()
         t0 = time.perf_counter()
@@ -186,6 +189,7 @@ def _configuration(args: argparse.Namespace, plan: Any, stage: int, overlap: boo
         loss = global_mse_loss(pred.local, y, plan.grid, plan.loss_axes)
         loss.backward()
         sdp.step(opt)
+        kept = _state_bytes(probe.tensors())  # (before zero_grad: the gradients a step needs count)
         sdp.zero_grad()
         probe.sample()
         slowest = np.array([time.perf_counter() - t0])
@@ -193,10 +197,10 @@ def _configuration(args: argparse.Namespace, plan: Any, stage: int, overlap: boo
         if i:  # the first step builds plans and allocates the optimizer state
             times.append(float(slowest[0]))
     probe.remove()
-    peak = np.array([float(probe.peak), float(saved)])
+    peak = np.array([float(max(probe.peak, kept)), float(saved), float(kept)])
     hpctp.comm.allreduce(plan.grid.comm, peak, "max")
-    return {"stage": stage, "overlap": overlap, "checkpoint": ckpt, "state": peak[0], "saved": peak[1],
-            "step": float(np.median(times)), "loss": float(loss.detach())}  # fmt: skip
+    return {"stage": stage, "overlap": overlap, "checkpoint": ckpt, "prefetch": prefetch, "state": peak[0],
+            "saved": peak[1], "kept": peak[2], "step": float(np.median(times)), "loss": float(loss.detach())}  # fmt: skip
 
 
 def _one_process(args: argparse.Namespace, threads: int) -> dict[str, Any]:
@@ -214,19 +218,22 @@ def _one_process(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     xd = hpctp.DistTensor(x, grid, hpctp.Layout(tuple(x.shape), grid.dims, (None, None, 0, 1)))
     probe = _Probe(model, model, opt)
     times = []
+    kept = 0
     for i in range(args.steps + 1):
         t0 = time.perf_counter()
         pred, saved = _saved_bytes(lambda: model(xd), list(model.parameters()))
         loss = global_mse_loss(pred.local, y, grid)
         loss.backward()
         opt.step()
+        kept = _state_bytes(probe.tensors())
         opt.zero_grad(set_to_none=True)
         probe.sample()
         if i:
             times.append(time.perf_counter() - t0)
     torch.set_num_threads(1)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"state": float(probe.peak), "saved": float(saved), "step": float(np.median(times)), "params": params}
+    return {"state": float(max(probe.peak, kept)), "kept": float(kept), "saved": float(saved),
+            "step": float(np.median(times)), "params": params}  # fmt: skip
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -242,6 +249,7 @@ def worker(args: argparse.Namespace) -> None:
     plan = ParallelPlan(grid, data=(0,))
     rows = [_configuration(args, plan, s, True, False) for s in (0, 1, 2, 3)]
     rows.append(_configuration(args, plan, 0, False, False))
+    rows.append(_configuration(args, plan, 3, True, False, prefetch=False))
     rows.append(_configuration(args, plan, 3, True, True))
     ref = None
     if world.Get_rank() == 0:
@@ -261,20 +269,19 @@ def _report(result: dict[str, Any], budget: float) -> None:
     base = next(r for r in rows if r["stage"] == 0 and r["overlap"] and not r["checkpoint"])
     mib = 2.0**20
     print(f"\n{p} rank(s), data parallel; one process: parameters {ref['params'] / mib:.1f} MiB, "
-          f"state (params + grads + Adam) {ref['state'] / mib:.1f} MiB, step {ref['step'] * 1e3:.1f} ms "
-          f"({p} threads), activations saved {ref['saved'] / mib:.1f} MiB")  # fmt: skip
-    print("| configuration | state per rank [MiB] | / one process | fits budget | step [ms] | / stage 0 | "
-          "/ one process | activations saved [MiB] |")  # fmt: skip
-    print("| --- | ---: | ---: | :---: | ---: | ---: | ---: | ---: |")
+          f"state (params + grads + Adam) kept {ref['kept'] / mib:.1f} MiB, peak {ref['state'] / mib:.1f} MiB, "
+          f"step {ref['step'] * 1e3:.1f} ms ({p} threads), activations saved {ref['saved'] / mib:.1f} MiB")  # fmt: skip
+    print("| configuration | state kept [MiB] | / one process | state peak [MiB] | / one process | peak fits budget | "
+          "step [ms] | / stage 0 | / one process | activations saved [MiB] |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        name = (
-            f"stage {r['stage']}"
-            + ("" if r["overlap"] else ", no overlap")
-            + (", checkpointing" if r["checkpoint"] else "")
-        )
+        name = (f"stage {r['stage']}" + ("" if r["overlap"] else ", no overlap")
+                + ("" if r["prefetch"] or r["stage"] < 3 else ", no prefetch")
+                + (", checkpointing" if r["checkpoint"] else ""))  # fmt: skip
         fits = "yes" if r["state"] <= budget * mib else "no"
-        print(f"| {name} | {r['state'] / mib:.1f} | {r['state'] / ref['state']:.2f} | {fits} | {r['step'] * 1e3:.1f} | "
-              f"{r['step'] / base['step']:.2f} | {r['step'] / ref['step']:.2f} | {r['saved'] / mib:.1f} |")  # fmt: skip
+        print(f"| {name} | {r['kept'] / mib:.1f} | {r['kept'] / ref['kept']:.2f} | {r['state'] / mib:.1f} | "
+              f"{r['state'] / ref['state']:.2f} | {fits} | {r['step'] * 1e3:.1f} | {r['step'] / base['step']:.2f} | "
+              f"{r['step'] / ref['step']:.2f} | {r['saved'] / mib:.1f} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
