@@ -112,3 +112,20 @@ def test_error_on_one_rank_aborts_the_benchmark(tmp_path: Path) -> None:
     )  # fmt: skip
     # MPI_Abort may cut the launcher's forwarding of the traceback: the exit status is the contract
     assert proc.returncode != 0 and "speed-up" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.timeout(200)
+def test_memory_benchmark_runs_small(tmp_path: Path) -> None:
+    """benchmarks/memory.py launches itself on 1 and 2 ranks; stage 3 keeps about half the state of one process."""
+    args = "--ranks 1 2 --width 8 --modes 4 --depth 2 --size 16 --batch 4 --steps 1".split()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory.py"), *args],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "1 rank(s), data parallel" in out and "2 rank(s), data parallel" in out, out[-3000:]
+    two = out.split("2 rank(s), data parallel")[1]
+    row = next(line for line in two.splitlines() if line.startswith("| stage 3 |"))
+    kept = float(row.split("|")[3])  # state kept / one process
+    assert 0.4 < kept < 0.6, row
