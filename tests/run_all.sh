@@ -41,7 +41,7 @@ RANKS6_FILES=(
   tests/test_neighborhood_attention.py tests/test_patch.py tests/test_vit_surrogate.py tests/test_buffer_pool.py
   tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py
   tests/test_torch_interop.py tests/test_train_parallel.py
-  tests/test_sharded.py tests/test_sharded_checkpoint.py
+  tests/test_sharded.py tests/test_sharded_checkpoint.py tests/test_navier_stokes.py
 )
 
 VENV=${VENV:-.venv}

@@ -1,5 +1,6 @@
-"""Distributed Gray-Scott reaction-diffusion: the training data of the surrogates."""
+"""Distributed Gray-Scott reaction-diffusion and 2-D Navier-Stokes: the training data of the surrogates."""
 
 from .grayscott import GrayScott, initial_state
+from .navier_stokes import NavierStokes2D, NSState
 
-__all__ = ["GrayScott", "initial_state"]
+__all__ = ["GrayScott", "NSState", "NavierStokes2D", "initial_state"]

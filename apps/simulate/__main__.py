@@ -10,7 +10,10 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Collective over COMM_WORLD. Simulate and write snapshots (or run in-situ inference)."""
-    p = argparse.ArgumentParser(prog="python -m apps.simulate", description="Distributed Gray-Scott simulation")
+    p = argparse.ArgumentParser(
+        prog="python -m apps.simulate",
+        description="Distributed simulation: Gray-Scott or Navier-Stokes (simulation.pde)",
+    )
     p.add_argument("--config", default=None, help="TOML config (default: apps/configs/default.toml)")
     p.add_argument("--out", default=None, help="HDF5 output (default: simulation.out)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -31,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = hpctp.ProcessGrid(sim["grid"], comm=MPI.COMM_WORLD)
     log = get_logger("apps.simulate", grid, args.verbose)
     if args.insitu:
+        if sim.get("pde", "grayscott") != "grayscott":
+            raise ValueError(f"--insitu runs the Gray-Scott model only; the config has pde = {sim['pde']!r}")
         from .insitu import run_insitu
 
         return run_insitu(cfg, grid, log, args.checkpoint)

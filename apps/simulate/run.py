@@ -1,4 +1,5 @@
-"""Run the simulation and store snapshots ``[T, 2, H, W]`` with hpctp.io (each rank its hyperslab)."""
+"""Run the simulation and store snapshots ``[T, C, H, W]`` with hpctp.io (each rank its hyperslab):
+Gray-Scott's ``(u, v)`` (``C = 2``) or Navier-Stokes' vorticity (``C = 1``), by ``[simulation] pde``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import hpctp
 from hpctp.io import save_hdf5
 
 from .grayscott import GrayScott, initial_state
+from .navier_stokes import simulate_navier_stokes
 
 __all__ = ["simulate"]
 
@@ -21,12 +23,26 @@ __all__ = ["simulate"]
 def simulate(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any, progress: bool = True) -> hpctp.DistTensor:
     """Collective over grid. Run the ``[simulation]`` config and return the snapshots.
 
+    ``pde`` (default ``"grayscott"``) picks the model; ``"navier_stokes"`` runs
+    :func:`apps.simulate.navier_stokes.simulate_navier_stokes` (its keys are listed there).
+
     Returns
     -------
     DistTensor
         ``[T, 2, H, W]`` split ``(None, None, 0, 1)``: snapshot ``t`` is the state after
-        ``warmup + t * snapshot_every`` steps.
+        ``warmup + t * snapshot_every`` steps (Navier-Stokes: ``[T, 1, H, W]``, the vorticity at
+        time ``warmup + t * snapshot_every``).
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``pde`` or bad snapshot counts.
     """
+    pde = cfg.get("pde", "grayscott")
+    if pde == "navier_stokes":
+        return simulate_navier_stokes(cfg, grid, log, progress)
+    if pde != "grayscott":
+        raise ValueError(f"simulation.pde must be 'grayscott' or 'navier_stokes', got {pde!r}")
     h, w = cfg["size"]
     model = GrayScott.from_config(cfg)
     state = initial_state((h, w), grid, cfg["seed"], cfg["seeds"])

@@ -93,10 +93,11 @@ def evaluate(
 def write_plot(
     path: str, x: hpctp.DistTensor, y: hpctp.DistTensor, pred: hpctp.DistTensor, grid: hpctp.ProcessGrid
 ) -> None:
-    """Collective over grid. Rank 0 writes a PNG of channel v: truth, prediction, error, and the
-    three's shell-binned power spectra (:func:`hpctp.fft.radial_spectrum`, computed distributed)."""
+    """Collective over grid. Rank 0 writes a PNG of the last channel (Gray-Scott's v, Navier-Stokes'
+    vorticity): truth, prediction, error, and the three's shell-binned power spectra
+    (:func:`hpctp.fft.radial_spectrum`, computed distributed)."""
     err = hpctp.DistTensor(pred.local - y.local.to(pred.local.dtype), pred.grid, pred.layout)
-    spectra = [hpctp.fft.radial_spectrum(t, axes=(2, 3))[0, 1] for t in (y, pred, err)]
+    spectra = [hpctp.fft.radial_spectrum(t, axes=(2, 3))[0, -1] for t in (y, pred, err)]
     truth = y.gather(root=0)
     guess = pred.gather(root=0)
     if truth is None or guess is None:  # not rank 0
@@ -106,8 +107,8 @@ def write_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = truth[0, 1].double().numpy()
-    p = guess[0, 1].detach().double().numpy()
+    t = truth[0, -1].double().numpy()  # (the last channel: Gray-Scott's v, Navier-Stokes' vorticity)
+    p = guess[0, -1].detach().double().numpy()
     fig, axes = plt.subplots(1, 4, figsize=(16, 4), constrained_layout=True)
     for ax, img, title, cmap in [
         (axes[0], t, "simulation v(t+k)", "viridis"),
