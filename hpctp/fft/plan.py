@@ -225,9 +225,14 @@ def step_layout(
     old axis outermost, as :func:`fft_plan` merges) is cut nested: each of its old blocks into
     equal parts, so every rank keeps a piece of its own block and trades only with the ranks
     of its line of the inner axes. With nothing merged this keeps the old cuts. Other divided
-    dims are balanced.
+    dims are balanced. (Pure and cached: a transform's steps are the same every call.)
     """
     dims = tuple(old.grid_dims if grid_dims is None else grid_dims)
+    return _step_layout(old, tuple(int(n) for n in shape), tuple(split), dims)
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_layout(old: Layout, shape: tuple[int, ...], split: tuple[int | None, ...], dims: tuple[int, ...]) -> Layout:
     runs = _runs(old.grid_dims, dims)
     cuts: list[tuple[int, ...] | None] = []
     for d, m in enumerate(split):

@@ -7,6 +7,8 @@ torch's own, so ``backward`` through an FFT is collective over the grid like the
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Hashable
 from typing import Any, cast
 
 from .. import comm as C
@@ -67,9 +69,33 @@ def _local(x: Any, kind: str, axis: int, n: int | None, norm: object) -> Any:
     return out
 
 
+_Plan = tuple[tuple[Any, ...], Layout, "int | None"]
+_PLANS: weakref.WeakKeyDictionary[Any, dict[Hashable, _Plan]] = weakref.WeakKeyDictionary()
+"""Per grid: the validated, agreed plan of every transform signature seen (steps, output layout, n)."""
+
+
+def _frozen(value: object) -> Hashable:
+    """A hashable stand-in for an argument (sequences as tuples); unhashable ones give a fresh object
+    (never found again: no caching)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return object()
+    return cast(Hashable, value)
+
+
 def _run(
     x: DistTensor, what: str, axes: object, norm: object, out_split: object, half: str | None, s_last: object = None
 ) -> DistTensor:
+    key: Hashable = None
+    if isinstance(x, DistTensor):  # the arguments' signature: validated and agreed on once per grid
+        key = (what, x.layout, _frozen(axes), _frozen(norm), _frozen(out_split), _frozen(s_last),
+               needs_grad(x.local), dtype_kind(x.local), half)  # fmt: skip
+        cached = _PLANS.get(x.grid, {}).get(key)
+        if cached is not None:
+            return _execute(x, what, half, norm, *cached)
     error: Exception | None = None
     steps: tuple[Any, ...] = ()
     target: Layout | None = None
@@ -109,11 +135,29 @@ def _run(
         error = e
     if not isinstance(x, DistTensor):  # no communicator to tell the other ranks
         raise error if error is not None else TypeError(f"{what} needs a hpctp.DistTensor")
-    grad = needs_grad(x.local)
+    grad = needs_grad(x.local)  # (the key's: agreed below, as the other arguments)
     C.agree_arguments(
         x.grid.comm, what, error, axes=axes, norm=norm, out_split=out_split, n=s_last, requires_grad=grad
     )  # (a backward on some ranks only would wait forever in its moves)
-    grid, out_layout = x.grid, cast(Layout, target)  # (set: no rank failed the checks)
+    plan: _Plan = (steps, cast(Layout, target), n_last)  # (set: no rank failed the checks)
+    table = _PLANS.setdefault(x.grid, {})
+    if len(table) >= 256:  # (forgotten together on every rank: the ranks see the same signatures)
+        table.clear()
+    table[key] = plan
+    return _execute(x, what, half, norm, *plan)
+
+
+def _execute(
+    x: DistTensor,
+    what: str,
+    half: str | None,
+    norm: object,
+    steps: tuple[Any, ...],
+    out_layout: Layout,
+    n_last: int | None,
+) -> DistTensor:
+    """Collective over grid. Run an agreed plan: the moves between steps and each step's 1-D transforms."""
+    grid, grad = x.grid, needs_grad(x.local)
     base = "ifft" if half == "irfft" or what == "ifftn" else "fft"
     block, lay = x.local, x.layout
     for i, step in enumerate(steps):
