@@ -6,6 +6,7 @@
 #      on the core time the tests leave idle (mostly in the 1-rank leg)
 #   3. the main suite (tests/run_all.sh): 1, 2, 3, 4 and 6 ranks
 #   4. the MPI-IO leg (tests/run_mpio.sh): the IO tests with parallel HDF5, 1 to 4 ranks
+#   5. the Slurm leg (tests/run_slurm.sh): jobs/ under a one-node Slurm started for it (as root; else skipped)
 # Prints the wall and CPU time of each leg as it ends, and a table of them with the totals at the end
 # (also when a leg fails); the table is also in build/test-times.txt. On a machine that other jobs
 # share, CPU time tells what the suite costs: on 2 idle cores the MPI legs take about CPU / 2.
@@ -87,3 +88,4 @@ if [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
 bash tests/run_mpio.sh
+bash tests/run_slurm.sh

@@ -1,5 +1,7 @@
 """Batch job scripts in jobs/: they parse, their scheduler headers ask for one rank per GPU,
-bind_gpu.sh maps node-local ranks to GPUs, and the dry runs print the exact stage commands."""
+bind_gpu.sh maps node-local ranks to GPUs, the dry runs print the exact stage commands, and the Slurm
+scripts' launcher choices, failure reports and waiting work against stand-ins for srun/sbatch/scontrol.
+Under a real one-node Slurm they run in tests/run_slurm.sh (a leg of `make test`)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ LOCAL_RANK_VARS = (
 )
 _SCRUB = re.compile(
     r"^(SLURM_|PBS_|OMPI_|PMI_|PMIX_|MPI_LOCAL|PALS_|MV2_|HYDRA_|CUDA_VISIBLE_DEVICES|HPCTP_|DRY_RUN|CONFIG|DATA|RUNDIR"
-    r"|RESUME|NP$|PPN|NODES|HOSTFILE|MPIEXEC|MPI_FLAVOR|PYTHON$|STAGE_TIMEOUT)"
+    r"|RESUME|NP$|PPN|NODES|HOSTFILE|MPIEXEC|MPI_FLAVOR|PYTHON$|STAGE_TIMEOUT|STAGE_ARGS|STAGES$|AFTER$|WAIT$"
+    r"|GPUS_PER_TASK|SRUN_|MPI_LAUNCHER)"
 )
 
 
@@ -53,7 +56,7 @@ def _venv_tool(name: str) -> str:
 
 # ---------------------------------------------------------------------------------- syntax, headers
 def test_every_script_parses_and_is_executable() -> None:
-    scripts = _scripts()
+    scripts = [*_scripts(), ROOT / "tests" / "run_slurm.sh"]
     names = {p.name for p in scripts}
     for stage in STAGES:
         assert {f"slurm_{stage}.sbatch", f"pbs_{stage}.pbs", f"mpirun_{stage}.sh"} <= names
@@ -115,12 +118,15 @@ def test_pbs_header(stage: str) -> None:
 
 def test_stage_scripts_launch_through_bind_gpu() -> None:
     for stage in STAGES:
-        for name, launcher in ((f"slurm_{stage}.sbatch", 'srun "${SRUN_ARGS[@]}"'), (f"pbs_{stage}.pbs", '"$MPIEXEC"')):
+        for name, launcher in ((f"slurm_{stage}.sbatch", '"${LAUNCH[@]}"'), (f"pbs_{stage}.pbs", '"$MPIEXEC"')):
             text = (JOBS / name).read_text()
             assert re.search(rf"hpctp_run {re.escape(launcher)} .*\"\$BIND_GPU\" \"\$\{{HPCTP_CMD\[@\]\}}\"", text), (
                 name
             )
             assert f"hpctp_stage_cmd {stage}" in text
+        slurm = (JOBS / f"slurm_{stage}.sbatch").read_text()
+        assert "hpctp_slurm_launch\n" in slurm or "hpctp_slurm_launch  #" in slurm
+        assert f"|| hpctp_stage_failed {stage} $?" in slurm
     common = (JOBS / "common.sh").read_text()
     for var in ("MPICH_GPU_SUPPORT_ENABLED=1", "OMPI_MCA_opal_cuda_support=1", "UCX_TLS=", "HPCTP_CUDA_AWARE"):
         assert var in common
@@ -237,13 +243,14 @@ def test_slurm_script_run_from_a_copy(tmp_path: Path) -> None:
         copy = tmp_path / "slurm_script"
         shutil.copy(JOBS / f"slurm_{stage}.sbatch", copy)
         for submit_dir in (ROOT, JOBS):
-            proc = _run([BASH, str(copy)], _env(DRY_RUN="1", SLURM_SUBMIT_DIR=str(submit_dir)), cwd=tmp_path)
+            env = _env(DRY_RUN="1", SLURM_SUBMIT_DIR=str(submit_dir), SRUN_MPI="site")
+            proc = _run([BASH, str(copy)], env, cwd=tmp_path)
             assert proc.returncode == 0, proc.stderr
             (cmd,) = _commands(proc.stdout)
             assert cmd[:4] == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores", str(JOBS / "bind_gpu.sh")]
             module = ["apps.simulate"] if stage == "simulate" else ["apps.surrogate", stage]
             assert cmd[5 : 6 + len(module)] == ["-m", *module]
-    proc = _run([BASH, str(copy)], _env(DRY_RUN="1", NP="6", SLURM_SUBMIT_DIR=str(ROOT)), cwd=tmp_path)
+    proc = _run([BASH, str(copy)], _env(DRY_RUN="1", NP="6", SLURM_SUBMIT_DIR=str(ROOT), SRUN_MPI="site"), cwd=tmp_path)
     assert _commands(proc.stdout)[0][:5] == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores", "--ntasks=6",
                                              str(JOBS / "bind_gpu.sh")]  # fmt: skip
     proc = _run([BASH, str(copy)], _env(DRY_RUN="1"), cwd=tmp_path)  # nowhere to find the root
@@ -310,3 +317,139 @@ def test_submit_pipelines_chain_dependencies() -> None:
         ["qsub", "-V", "-W", f"depend=afterok:{ids[0]}", str(JOBS / "pbs_train.pbs")],
         ["qsub", "-V", "-W", f"depend=afterok:{ids[1]}", str(JOBS / "pbs_evaluate.pbs")],
     ]
+
+
+# ---------------------------------------------------------------------------------- Slurm launcher, waiting
+def _fake_bin(tmp_path: Path, **scripts: str) -> str:
+    """Executables ``name`` with the given sh bodies in tmp_path/bin; returns a PATH that finds them first."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        exe = bindir / name
+        exe.write_text("#!/bin/sh\n" + body)
+        exe.chmod(0o755)
+    return f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _slurm_dry(stage: str = "train", **extra: str) -> list[str]:
+    proc = _run([str(JOBS / f"slurm_{stage}.sbatch")], _env(DRY_RUN="1", RESUME="0", **extra))
+    assert proc.returncode == 0, proc.stderr
+    (cmd,) = _commands(proc.stdout)
+    return cmd
+
+
+def _launcher(cmd: list[str]) -> list[str]:
+    return cmd[: cmd.index(str(JOBS / "bind_gpu.sh"))]
+
+
+def test_slurm_launch_options() -> None:
+    assert _launcher(_slurm_dry(SRUN_MPI="pmi2", NP="3")) == [
+        "srun", "--kill-on-bad-exit=1", "--cpu-bind=cores", "--mpi=pmi2", "--ntasks=3"
+    ]  # fmt: skip
+    assert _launcher(_slurm_dry(SRUN_MPI="site", SRUN_CPU_BIND="")) == ["srun", "--kill-on-bad-exit=1"]
+    assert _launcher(_slurm_dry(SRUN_MPI="site", SRUN_CPU_BIND="rank")) == [
+        "srun", "--kill-on-bad-exit=1", "--cpu-bind=rank"
+    ]  # fmt: skip
+    # an MPI that cannot use Slurm's PMI: its own launcher inside the allocation
+    assert _launcher(_slurm_dry(MPI_LAUNCHER="mpiexec", MPIEXEC="mpiexec", SLURM_NTASKS="4")) == ["mpiexec", "-n", "4"]
+    assert _launcher(_slurm_dry(MPI_LAUNCHER="mpiexec", MPIEXEC="mpiexec", NP="2", MPIEXEC_EXTRA="-v")) == [
+        "mpiexec", "-n", "2", "-v"
+    ]  # fmt: skip
+    cmd = _slurm_dry("evaluate", SRUN_MPI="site", STAGE_ARGS="--set surrogate.width=8  --verbose")
+    assert cmd[-3:] == ["--set", "surrogate.width=8", "--verbose"]
+    proc = _run([str(JOBS / "slurm_train.sbatch")], _env(DRY_RUN="1", MPI_LAUNCHER="aprun"))
+    assert proc.returncode == 2 and "unknown MPI_LAUNCHER 'aprun'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("site_default", "flavor", "want"),
+    [
+        ("none", "mpich", ["--mpi=pmi2"]),  # MPICH (the venv's wheel) speaks PMI2
+        ("none", "openmpi", ["--mpi=pmix"]),
+        ("none", "pals", []),
+        ("pmix", "mpich", []),  # the site chose: srun's default
+        ("pmi2", "openmpi", []),
+    ],
+)
+def test_slurm_pmi_detection(tmp_path: Path, site_default: str, flavor: str, want: list[str]) -> None:
+    path = _fake_bin(
+        tmp_path,
+        scontrol=f'[ "$1 $2" = "show config" ] && echo "MpiDefault              = {site_default}"\n',
+        srun='[ "$1" = --mpi=list ] && printf "MPI plugin types are...\\n\\tpmix\\n\\tnone\\n\\tpmi2\\n"\n',
+    )
+    cmd = _slurm_dry(PATH=path, MPI_FLAVOR=flavor)
+    assert _launcher(cmd) == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores", *want]
+    # no srun that lists pmi2 (or no Slurm at all): no --mpi
+    path = _fake_bin(tmp_path, srun='[ "$1" = --mpi=list ] && printf "MPI plugin types are...\\n\\tnone\\n"\n')
+    assert _launcher(_slurm_dry(PATH=path, MPI_FLAVOR=flavor)) == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores"]
+
+
+def test_slurm_stage_reports_its_exit_code_and_gpu_choice(tmp_path: Path) -> None:
+    path = _fake_bin(tmp_path, srun='echo "bind=${HPCTP_BIND_GPU-unset} args=$*"\nexit "${FAKE_RC:-0}"\n')
+    common = dict(PATH=path, SRUN_MPI="site", DATA=str(tmp_path / "d" / "data.h5"), RUNDIR=str(tmp_path / "r"))
+    script = str(JOBS / "slurm_simulate.sbatch")
+    proc = _run([script], _env(FAKE_RC="7", **common))
+    assert proc.returncode == 7, proc.stderr
+    assert "simulate: FAILED with exit code 7" in proc.stderr and "simulate: done" not in proc.stderr
+    proc = _run([script], _env(FAKE_RC="143", **common))
+    assert (
+        proc.returncode == 143
+        and "simulate: FAILED with exit code 143 (signal 15: the ranks were stopped" in proc.stderr
+    )
+    proc = _run([script], _env(**common))
+    assert proc.returncode == 0 and "simulate: done" in proc.stderr
+    assert proc.stdout.startswith("bind=unset args=--kill-on-bad-exit=1 --cpu-bind=cores ")
+    for var in ("GPUS_PER_TASK", "SLURM_GPUS_PER_TASK"):  # no GPUs asked for: no binding
+        proc = _run([script], _env(**{var: "0"}, **common))
+        assert proc.returncode == 0 and proc.stdout.startswith("bind=0 "), proc.stdout
+    proc = _run([script], _env(GPUS_PER_TASK="1", **common))
+    assert proc.stdout.startswith("bind=unset ")
+
+
+def _fake_slurm(tmp_path: Path, states: dict[int, str]) -> str:
+    """sbatch (ids 1, 2, ...; its arguments logged), scontrol show job -o ID (from state files) and scancel."""
+    jobdir = tmp_path / "jobs"
+    jobdir.mkdir()
+    for job, state in states.items():
+        (jobdir / str(job)).write_text(f"JobId={job} JobName=x {state}\n")
+    return _fake_bin(
+        tmp_path,
+        sbatch=f"n=$(($(cat {jobdir}/n 2>/dev/null || echo 0) + 1)); echo $n > {jobdir}/n\n"
+        f'echo "$*" >> {jobdir}/sbatch.log\necho "$n;cluster"\n',
+        scontrol=f'[ "$1 $2 $3" = "show job -o" ] && cat {jobdir}/$4\n',
+        scancel=f'echo "JobId=$1 JobState=CANCELLED Reason=DependencyNeverSatisfied ExitCode=0:0" > {jobdir}/$1\n'
+        f'echo "$1" >> {jobdir}/scancel.log\n',
+    )
+
+
+def test_slurm_pipeline_waits_and_reports_the_failed_stage(tmp_path: Path) -> None:
+    never = "JobState=PENDING Reason=DependencyNeverSatisfied ExitCode=0:0"
+    path = _fake_slurm(tmp_path, {1: "JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0", 2: never, 3: never})
+    proc = _run([str(JOBS / "slurm_pipeline.sh"), "-n2"], _env(PATH=path, WAIT="1", HPCTP_WAIT_POLL="0.1"))
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "submitted: simulate 1, train 2, evaluate 3",
+        "simulate (job 1): FAILED, exit code 3",
+        "train (job 2): not run or stopped (CANCELLED, DependencyNeverSatisfied)",
+        "evaluate (job 3): not run or stopped (CANCELLED, DependencyNeverSatisfied)",
+    ]
+    assert (tmp_path / "jobs" / "scancel.log").read_text().split() == ["2", "3"]
+
+
+def test_slurm_pipeline_stages_after_and_gpus(tmp_path: Path) -> None:
+    done = "JobState=COMPLETED Reason=None ExitCode=0:0"
+    path = _fake_slurm(tmp_path, {1: done, 2: done})
+    env = _env(PATH=path, WAIT="1", HPCTP_WAIT_POLL="0.1", STAGES="train evaluate", AFTER="41", GPUS_PER_TASK="0")
+    proc = _run([str(JOBS / "slurm_pipeline.sh"), "--ntasks=2"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "submitted: train 1, evaluate 2",
+        "train (job 1): COMPLETED",
+        "evaluate (job 2): COMPLETED",
+    ]
+    assert (tmp_path / "jobs" / "sbatch.log").read_text().splitlines() == [
+        f"--parsable --dependency=afterok:41 --gpus-per-task=0 --ntasks=2 {JOBS / 'slurm_train.sbatch'}",
+        f"--parsable --dependency=afterok:1 --gpus-per-task=0 --ntasks=2 {JOBS / 'slurm_evaluate.sbatch'}",
+    ]
+    proc = _run([str(JOBS / "slurm_pipeline.sh")], _env(DRY_RUN="1", STAGES="simulate plot"))
+    assert proc.returncode == 2 and "unknown stage 'plot'" in proc.stderr
