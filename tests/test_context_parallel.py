@@ -215,6 +215,59 @@ def test_ring_sends_each_block_once_per_pass(grid2d):
     )
 
 
+def _pieces(tokens):
+    return len(cp._piece_bounds(tokens, cp.RING_PIECES))  # (forward)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["flash", "tiles"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_blocks_travel_in_pieces(grid2d, monkeypatch, path, causal):
+    monkeypatch.setattr(cp, "FLASH_BLOCKS", path == "flash")
+    monkeypatch.setattr(cp, "KEY_TILE_MIN", 2)  # pieces of at least 2 keys, at most 3 per block: uneven pieces
+    monkeypatch.setattr(cp, "RING_PIECES", 3)
+    qshape, kshape = (B, H, 5, 7, D), (B, H, 4, 6, D)
+    q, k0, v0, g = _globals(qshape, 17)
+    _, k, v, _ = _globals(kshape, 18)
+    lq, lk = _layout(qshape, grid2d, (0, 1)), _layout(kshape, grid2d, (0, 1))
+    _check(grid2d, q, k0, v0, g, (lq, lq, lq), causal, "ring")  # self-attention
+    _check(grid2d, q, k, v, g, (lq, lk, lk), causal, "ring", scale=0.3)  # cross-attention
+    # bytes as with whole blocks; one message per piece
+    ins = [_dist(x, grid2d, lay) for x, lay in ((q, lq), (k, lk), (v, lk))]
+    size, rank = grid2d.size, grid2d.rank
+    per_token = B * H * (D + D) * 8
+    own, succ = _tokens(lk, grid2d.coords), _tokens(lk, grid2d.coords_of((rank + 1) % size))
+    pieces = sum(_pieces(_tokens(lk, grid2d.coords_of(r))) for r in range(size))
+    with CommCounter() as fwd:
+        cp.attention(*ins, causal=causal, schedule="ring")
+    ring = size > 1
+    total = 4 * 6
+    assert_equal(grid2d, fwd.bytes_sent, (total - succ) * per_token if ring else 0, what="forward bytes sent")
+    assert_equal(grid2d, fwd.bytes_recv, (total - own) * per_token if ring else 0, what="forward bytes received")
+    assert_equal(grid2d, fwd.messages, pieces - _pieces(succ) if ring else 0, what="forward messages")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("causal", [False, True])
+def test_uneven_and_empty_blocks_in_pieces(grid1d, monkeypatch, causal):
+    monkeypatch.setattr(cp, "KEY_TILE_MIN", 1)
+    n, seq = grid1d.dims[0], 13
+    shape = (B, H, seq, D)
+    q, k, v, g = _globals(shape, 19)
+    qcuts = (0, 0) + tuple(min(seq, 1 + 3 * i) for i in range(1, n - 1)) + (seq,) if n > 1 else None
+    kcuts = (0,) + tuple(min(seq, 5 * i) for i in range(1, n)) + (seq,) if n > 1 else None
+    lq = _layout(shape, grid1d, (0,), cuts=(None, None, qcuts, None))
+    lk = _layout(shape, grid1d, (0,), cuts=(None, None, kcuts, None))
+    _check(grid1d, q, k, v, g, (lq, lk, lk), causal, "ring")
+    # q's gradient only: no dK/dV travels
+    dq = _dist(q, grid1d, lq)
+    dk, dv = _dist(k, grid1d, lk, grad=False), _dist(v, grid1d, lk, grad=False)
+    y = cp.attention(dq, dk, dv, causal=causal, schedule="ring")
+    y.local.backward(g[lq.local_slices(grid1d.coords)])
+    _, grads = _reference(q, k, v, g, causal)
+    assert_allclose(grid1d, dq.local.grad, grads[0][lq.local_slices(grid1d.coords)], rtol=1e-10, atol=1e-12)
+
+
 class _LargestTensor(TorchFunctionMode):
     """Records the bytes of the largest tensor any torch function returns, and the names of the functions."""
 
@@ -251,14 +304,41 @@ def test_ring_memory_per_rank_is_one_block(grid1d, monkeypatch, path):
     ins = [_dist(x, grid1d, lay) for x in (q, k, v)]
     mine = lay.local_slices(grid1d.coords)
     upstream = g[mine].clone()
+    held = {"now": 0, "most": 0}  # bytes of the ring's pooled message buffers (K/V pieces) held at once
+    sizes: dict[int, int] = {}
+    acquire, release = cp.P.acquire, cp.P.release
+
+    def counted_acquire(n, like):
+        buf = acquire(n, like)
+        sizes[id(buf)] = n
+        held["now"] += n
+        held["most"] = max(held["most"], held["now"])
+        return buf
+
+    def counted_release(buf):
+        held["now"] -= sizes.pop(id(buf), 0)
+        release(buf)
+
+    monkeypatch.setattr(cp.P, "acquire", counted_acquire)
+    monkeypatch.setattr(cp.P, "release", counted_release)
     with _LargestTensor() as probe:
         y = cp.attention(*ins, causal=True, schedule="ring")
         y.local.backward(upstream)
-    block = max(lay.block_sizes(2)) * B * 2 * (d + d) * 8  # one rank's K and V, float64
+    most = max(lay.block_sizes(2))
+    block = most * B * 2 * (d + d) * 8  # one rank's K and V, float64
+    bounds = cp._piece_bounds(most, cp.RING_PIECES)  # the forward's pieces (backward: smaller ones)
+    piece = max(b - a for a, b in bounds) * B * 2 * (d + d) * 8  # K and V of one piece
     full_kv = seq * B * 2 * (d + d) * 8
     full_scores = seq * seq * B * 2 * 8
-    assert_all(
-        grid1d, probe.largest <= block, f"largest tensor {probe.shape} ({probe.largest} B) > one K/V block ({block} B)"
+    assert_all(  # the largest: one rank's queries, K or V (dq, dK, the output) or a K/V piece, not its K and V
+        grid1d,
+        probe.largest <= max(block // 2, piece),
+        f"largest tensor {probe.shape} ({probe.largest} B) > one K block ({block // 2} B) and one piece ({piece} B)",
+    )
+    assert_all(  # K/V in flight: a few pieces (less than one block once a block travels in pieces)
+        grid1d,
+        held["most"] <= cp._KV_SLOTS * piece and (len(bounds) <= cp._KV_SLOTS or held["most"] < block),
+        f"pooled K/V buffers of {held['most']} B > {cp._KV_SLOTS} pieces of {piece} B",
     )
     if grid1d.size > 1:  # no rank holds all K/V, nor a P-th of the attention matrix
         assert_all(grid1d, probe.largest < full_kv and probe.largest < full_scores // grid1d.size, "O(tokens/P)")

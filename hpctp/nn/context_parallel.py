@@ -7,26 +7,30 @@ flattened tokens (row-major, ``x.flatten(2, -2)``), in the queries' layout.
 
 **Ring** (:mod:`hpctp.layout.ring` plans it): the ranks that share every non-token coordinate
 (the token sub-grid: all ranks that split the tokens, over one axis or several) pass K/V
-blocks around one ring, row-major over the sub-grid. At each step a rank posts the receive of
-the next block and the send of the current one, attends its queries to the current block and
-merges the result into the running output, testing the messages between pieces so they progress,
-then waits. On CPU, with one head dim for q, k and v, each block goes to torch's CPU flash kernels
-(``_scaled_dot_product_flash_attention_for_cpu``, no score matrix held): the blocks' outputs merge by
-their log-sum-exp, and backward calls the flash backward per block with the global output and
-log-sum-exp (which gives that block's exact dQ/dK/dV share). Else (CUDA, or v's head dim differing)
-the block is attended in key tiles of at most :data:`SCORE_TILE_ELEMENTS` scores (at least
+blocks around one ring, row-major over the sub-grid. A block travels in pieces (at most
+:data:`RING_PIECES`, twice as many in backward, each of at least :data:`KEY_TILE_MIN` keys), and the ring
+runs piece by piece:
+piece 0 of every step's block, then piece 1, and so on, so a piece reaches the successor one unit after
+this rank used it. Per piece a rank waits for it (its own keys at step 0), sends it on (unless the successor
+owns it), posts the receive of the next piece, attends its queries to the piece and merges the result into
+the running output, testing the messages between kernel calls so they progress; the piece's buffer is
+reused once its send has completed. On CPU, with one head dim for q, k and v, each piece goes to torch's
+CPU flash kernels (``_scaled_dot_product_flash_attention_for_cpu``, no score matrix held): the pieces'
+outputs merge by their log-sum-exp, and backward calls the flash backward per piece with the global output
+and log-sum-exp (which gives that piece's exact dQ/dK/dV share). Else (CUDA, or v's head dim differing)
+the piece is attended in key tiles of at most :data:`SCORE_TILE_ELEMENTS` scores (at least
 :data:`KEY_TILE_MIN` keys), merged with the running maximum and sum of exponentials. Accumulation
-is in float32 for half inputs, else in the input's dtype. Every K/V block is sent once per
-pass by each rank but the one before its owner; no rank holds more than two K/V blocks (four
-blocks' worth in backward, five with key tiles) and one score tile or flash piece: memory
-O(tokens / P). Messages of empty blocks (uneven cuts) are skipped on both sides. Causal attention (query
-``i`` sees key ``j <= i`` in the flattened order) skips blocks that are wholly hidden (still
-forwarding them) and masks partly visible ones (flash: each query sees a prefix of the block's
-keys, so the block splits into unmasked pieces, causal squares on diagonal runs and small float
-masks of at most :data:`MASK_ELEMENTS` pairs). The backward pass recomputes each block's
-probabilities from the saved log-sum-exp; the K/V blocks travel the ring again, and each block's
-``dK/dV`` travels behind it, each rank adding its share, until it reaches its owner. With
-contiguous blocks a causal ring is unbalanced (the last rank sees every key); the
+is in float32 for half inputs, else in the input's dtype. Every K/V element is sent once per
+pass by each rank but the one before its owner (one message per piece); a rank holds its own block
+and three K/V pieces in flight (backward: also a few travelling dK/dV pieces and its own block's dK/dV),
+not whole blocks, and one score tile or flash piece: memory O(tokens / P). Messages of empty blocks
+(uneven cuts) are skipped on both sides. Causal attention (query ``i`` sees key ``j <= i`` in the
+flattened order) skips pieces that are wholly hidden (still forwarding them) and masks partly visible ones
+(flash: each query sees a prefix of the piece's keys, so the piece splits into unmasked parts, causal
+squares on diagonal runs and small float masks of at most :data:`MASK_ELEMENTS` pairs). The backward pass
+recomputes each piece's probabilities from the saved log-sum-exp; the K/V pieces travel the ring again,
+and each piece's ``dK/dV`` travels one unit behind it, each rank adding its share, until it reaches its
+owner. With contiguous blocks a causal ring is unbalanced (the last rank sees every key); the
 all-to-all schedule is not.
 
 **All-to-all** (Ulysses): one redistribution moves q, k, v from token-split to batch/heads-split
@@ -73,6 +77,7 @@ __all__ = [
     "KEY_TILE_MIN",
     "MASK_ELEMENTS",
     "RING_GRAD_TAG",
+    "RING_PIECES",
     "RING_TAG",
     "SCORE_TILE_ELEMENTS",
     "attention",
@@ -92,10 +97,15 @@ FLASH_BLOCKS = True
 v, no empty block); else (and with False) in key tiles."""
 MASK_ELEMENTS = 1 << 16
 """Most (query, key) pairs of one float mask (the flash path's pieces of partly visible blocks off a diagonal)."""
+RING_PIECES = 4
+"""Most pieces a K/V block travels the ring in (each of at least :data:`KEY_TILE_MIN` keys), forward; backward
+twice as many (it holds dK/dV pieces too, and its longer kernels hide the cost of more calls): a rank holds its
+own block and a few pieces in flight, not whole blocks."""
 CAUSAL_RUN_MIN = 16
 """Fewest queries of a diagonal run (each sees one key more than the one before) attended with the flash
 kernel's own causal mask; shorter runs take a float mask."""
 
+_KV_SLOTS = 3  # K/V piece buffers of a ring pass (the piece in use, the next arriving, the last sent)
 _SCHEDULE_CHOICES = ("ring", "all_to_all", "auto")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _LOG = logging.getLogger("hpctp.nn.attention")
@@ -377,21 +387,53 @@ def _staircase(seen: np.ndarray, n: int) -> list[_Piece]:
     return pieces + _masked_pieces(seen, masked_from, stop)
 
 
-def _flash_pieces(plan: RingPlan) -> list[list[_Piece]]:
-    """Local. The pieces of each step's block (none for a hidden or empty one)."""
+@dataclass(frozen=True)
+class _Unit:
+    """Piece ``j`` of the block a rank holds at ring step ``s``: the block's keys ``[k0, k1)``."""
+
+    s: int
+    j: int
+    k0: int
+    k1: int
+
+
+def _piece_bounds(tokens: int, most: int) -> list[tuple[int, int]]:
+    """The pieces a block of ``tokens`` keys travels in: at most ``most``, each of at least
+    :data:`KEY_TILE_MIN` keys (one when fewer), as even as can be; none for an empty block."""
+    if tokens <= 0:
+        return []
+    n = max(1, min(most, tokens // max(1, KEY_TILE_MIN)))
+    edges = [tokens * i // n for i in range(n + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _units(plan: RingPlan, most: int) -> list[_Unit]:
+    """Local. The order in which a rank attends the pieces: piece ``j`` of every step's block, then piece
+    ``j + 1`` (a piece reaches the successor one unit after this rank used it, so none waits for long)."""
+    bounds = [_piece_bounds(step.tokens, most) for step in plan.steps]
+    most = max((len(b) for b in bounds), default=0)
+    return [_Unit(s, j, *bounds[s][j]) for j in range(most) for s in range(plan.size) if j < len(bounds[s])]
+
+
+def _flash_pieces(plan: RingPlan, units: list[_Unit]) -> list[list[_Piece]]:
+    """Local. The flash pieces of each unit's keys (none for a hidden or empty one)."""
     lq = plan.q_tokens
     q_index: np.ndarray | None = None
+    seen: dict[int, np.ndarray] = {}  # per partly visible step: how many of its block's keys each query sees
     out: list[list[_Piece]] = []
-    for step in plan.steps:
-        if step.visibility == "none" or not step.tokens or not lq:
+    for u in units:
+        step, n = plan.steps[u.s], u.k1 - u.k0
+        if step.visibility == "none" or not n or not lq:
             out.append([])
         elif step.visibility == "all":
-            out.append([_Piece(0, lq, 0, step.tokens)])
+            out.append([_Piece(0, lq, 0, n)])
         else:
-            if q_index is None:
-                q_index = flat_token_indices(plan.q_ranges, plan.q_shape)
-            k_index = flat_token_indices(step.ranges, plan.kv_shape)  # increasing, as q_index
-            out.append(_staircase(np.searchsorted(k_index, q_index, side="right"), step.tokens))
+            if u.s not in seen:
+                if q_index is None:
+                    q_index = flat_token_indices(plan.q_ranges, plan.q_shape)
+                k_index = flat_token_indices(step.ranges, plan.kv_shape)  # increasing, as q_index
+                seen[u.s] = np.searchsorted(k_index, q_index, side="right")
+            out.append(_staircase(np.clip(seen[u.s] - u.k0, 0, n), n))
     return out
 
 
@@ -484,7 +526,7 @@ class _Buffers:
 
 
 def _kv_views(flat: torch.Tensor, b: int, h: int, n: int, d: int, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block's K ``[b, h, n, d]`` and V ``[b, h, n, dv]`` packed one after the other in ``flat``."""
+    """A piece's K ``[b, h, n, d]`` and V ``[b, h, n, dv]`` packed one after the other in ``flat``."""
     nk, nv = b * h * n * d, b * h * n * dv
     return flat[:nk].view(b, h, n, d), flat[nk : nk + nv].view(b, h, n, dv)
 
@@ -503,74 +545,234 @@ def _indices(plan: RingPlan, device: torch.device) -> tuple[torch.Tensor | None,
     return q_index, keys
 
 
-def _poke(pending: list[C.Pending]) -> Callable[[], None]:
+def _poke(pending: Callable[[], list[C.Pending]]) -> Callable[[], None]:
     """Test the pending messages (MPI libraries without a progress thread move data only inside MPI calls)."""
 
     def poke() -> None:
-        for p in pending:
+        for p in pending():
             p.test()
 
     return poke
 
 
 class _KVRing:
-    """Local state of a collective ring pass: the K/V blocks travelling it, in two pooled buffers.
+    """Local state of a collective ring pass: the K/V pieces travelling it, in a few pooled piece buffers.
 
-    Step ``s``: :meth:`start` posts the receive of step ``s + 1``'s block and the send of the
-    current one, :meth:`block` is the current block (the rank's own tensors at step 0), and
-    :meth:`advance` waits for both messages and makes the received block current. Messages of
-    empty blocks are skipped on both sides.
+    Unit ``i`` (:func:`_units`: piece ``j`` of step ``s``'s block): :meth:`take` waits for the piece
+    (the rank's own keys at step 0, packed to be sent), sends it on unless the successor owns it,
+    posts the receive of the next unit that receives (one ahead) and returns it; :meth:`done` hands its
+    buffer back. A buffer is reused once its send has completed (waited for: the oldest send's piece precedes
+    the current one, and the successor posts its receive before it reaches the current piece's place in the
+    order of :func:`_units`, so no rank waits on one that waits on it): :data:`_KV_SLOTS` pieces held.
     """
 
-    def __init__(self, grid: ProcessGrid, plan: RingPlan, k: torch.Tensor, v: torch.Tensor) -> None:
+    def __init__(self, grid: ProcessGrid, plan: RingPlan, k: torch.Tensor, v: torch.Tensor, units: list[_Unit]) -> None:
         b, h, _, d = k.shape
-        self.grid, self.plan, self.k, self.v = grid, plan, k, v
+        self.grid, self.plan, self.k, self.v, self.units = grid, plan, k, v, units
         self.shape = (b, h, d, v.shape[-1])
         self.per_token = b * h * (d + v.shape[-1])
-        self.numel = max(step.tokens for step in plan.steps) * self.per_token
-        self.buffers = _Buffers(2 if plan.size > 1 else 0, self.numel, k.dtype, k)
-        self.flat = list(self.buffers.flat)
-        self.pending: list[C.Pending] = []
-        if self.flat:
-            own_k, own_v = self.views(self.flat[0], 0)
-            own_k.copy_(k)
-            own_v.copy_(v)
+        self.numel = max((u.k1 - u.k0 for u in units), default=0) * self.per_token
+        self.travel = plan.size > 1 and self.numel > 0
+        self.buffers = _Buffers(_KV_SLOTS if self.travel else 0, self.numel, k.dtype, k)
+        self.free = list(self.buffers.flat)
+        self.sends: list[tuple[C.Pending, torch.Tensor]] = []  # sent, the buffers not yet reusable
+        self.current: tuple[C.Pending, torch.Tensor] | None = None  # the send of the piece in use
+        self.used: torch.Tensor | None = None  # the piece in use, not sent on
+        self.recvs: dict[int, tuple[C.Pending, torch.Tensor]] = {}
+        self.receiving = [i for i, u in enumerate(units) if u.s > 0] if self.travel else []
+        self.posted = 0  # receives posted (of self.receiving, in order)
 
-    def count(self, s: int) -> int:
-        """Elements of step ``s``'s block (its dK/dV has as many)."""
-        return self.plan.steps[s % self.plan.size].tokens * self.per_token
+    def count(self, u: _Unit) -> int:
+        """Elements of a piece (its dK/dV has as many)."""
+        return (u.k1 - u.k0) * self.per_token
 
-    def views(self, flat: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def views(self, flat: torch.Tensor, u: _Unit) -> tuple[torch.Tensor, torch.Tensor]:
         b, h, d, dv = self.shape
-        return _kv_views(flat, b, h, self.plan.steps[s % self.plan.size].tokens, d, dv)
+        return _kv_views(flat, b, h, u.k1 - u.k0, d, dv)
 
-    def start(self, s: int) -> None:
-        if s + 1 >= self.plan.size:
-            return
-        comm, cur, nxt = self.grid.comm, self.flat[0], self.flat[1]
-        if self.count(s + 1):
-            self.pending.append(C.irecv(comm, nxt[: self.count(s + 1)], self.plan.recv_from, RING_TAG))
-        if self.count(s):
-            self.pending.append(C.isend(comm, cur[: self.count(s)], self.plan.send_to, RING_TAG))
+    def pending(self) -> list[C.Pending]:
+        out = [p for p, _ in self.sends] + [p for p, _ in self.recvs.values()]
+        return out + ([self.current[0]] if self.current is not None else [])
 
-    def block(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (self.k, self.v) if s == 0 else self.views(self.flat[0], s)
+    def _slot(self) -> torch.Tensor:
+        if self.free:
+            return self.free.pop()
+        p, flat = self.sends.pop(0)  # the oldest send (never the piece in use)
+        p.wait()
+        return flat
 
-    def advance(self) -> None:
-        C.waitall(self.pending)
-        self.pending.clear()
-        self.flat.reverse()
+    def _post_one(self) -> None:
+        if self.posted < len(self.receiving):
+            i = self.receiving[self.posted]
+            self.posted += 1
+            flat = self._slot()
+            u = self.units[i]
+            self.recvs[i] = (C.irecv(self.grid.comm, flat[: self.count(u)], self.plan.recv_from, RING_TAG), flat)
+
+    def take(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        u = self.units[i]
+        comm, to = self.grid.comm, self.plan.send_to
+        if u.s == 0:
+            kk, vv = self.k[:, :, u.k0 : u.k1], self.v[:, :, u.k0 : u.k1]
+            if self.travel:
+                flat = self._slot()
+                pk, pv = self.views(flat, u)
+                pk.copy_(kk)
+                pv.copy_(vv)
+                self.current = (C.isend(comm, flat[: self.count(u)], to, RING_TAG), flat)
+        elif not self.travel:  # nothing to carry (this ring holds no batch or head): empty pieces, no message
+            b, h, d, dv = self.shape
+            kk, vv = self.k.new_empty((b, h, u.k1 - u.k0, d)), self.v.new_empty((b, h, u.k1 - u.k0, dv))
+        else:
+            if i not in self.recvs:
+                self._post_one()
+            p, flat = self.recvs.pop(i)
+            p.wait()
+            kk, vv = self.views(flat, u)
+            if u.s < self.plan.size - 1:
+                self.current = (C.isend(comm, flat[: self.count(u)], to, RING_TAG), flat)
+            else:
+                self.used = flat
+        if not self.recvs:  # one receive ahead
+            self._post_one()
+        return kk, vv
+
+    def done(self) -> None:
+        if self.current is not None:
+            self.sends.append(self.current)
+            self.current = None
+        if self.used is not None:
+            self.free.append(self.used)
+            self.used = None
+
+    def finish(self) -> None:
+        self.done()
+        C.waitall([p for p, _ in self.sends])
+        self.free += [flat for _, flat in self.sends]
+        self.sends.clear()
 
     def release(self) -> None:
         self.buffers.release()
 
 
+class _GradRing:
+    """Local state of the dK/dV pieces travelling the ring behind the K/V pieces (backward).
+
+    Unit ``i`` (piece ``j`` of step ``s``'s block): the dK/dV accumulated so far arrives from the
+    predecessor (who added its share at its unit of that piece), this rank adds its share and sends it on;
+    at step 0 its share starts the total. After the last step of piece ``j`` the total of the rank's own
+    piece ``j`` comes home (its receive posted once the rank is past piece ``j``). Receives are posted in the
+    order the predecessor sends. A piece buffer (a plain tensor) is reused once its send has completed, never
+    waited for (a send completes when the successor reaches the piece, which may follow this rank's next
+    units: with uneven blocks the ranks' units do not pair up one to one); a new one is made when none is
+    free (about three in all, as the ranks keep step).
+    """
+
+    def __init__(self, kv: _KVRing, acc: torch.dtype) -> None:
+        self.kv, self.acc = kv, acc
+        self.comm, self.plan, self.units = kv.grid.comm, kv.plan, kv.units
+        k, v = kv.k, kv.v
+        self.dk = torch.empty(k.shape, dtype=acc, device=k.device)  # the own block's, filled as pieces come home
+        self.dv = torch.empty(v.shape, dtype=acc, device=v.device)
+        own = {u.j: u for u in self.units if u.s == 0}
+        self.seq: list[tuple[int, _Unit]] = []  # (unit index, or -1 for a piece coming home; the piece)
+        for i, u in enumerate(self.units):
+            if u.s > 0:
+                self.seq.append((i, u))
+            if (i + 1 == len(self.units) or self.units[i + 1].j != u.j) and u.j in own:
+                self.seq.append((-1, own[u.j]))
+        self.posted = 0
+        self.slots: list[torch.Tensor] = []
+        self.free: list[torch.Tensor] = []
+        self.sends: list[tuple[C.Pending, torch.Tensor]] = []
+        self.recvs: dict[int, tuple[C.Pending, torch.Tensor]] = {}
+        self.homes: list[tuple[C.Pending, torch.Tensor, _Unit, int]] = []
+
+    def pending(self) -> list[C.Pending]:
+        return [p for p, _ in self.sends] + [p for p, _ in self.recvs.values()] + [h[0] for h in self.homes]
+
+    def _slot(self) -> torch.Tensor:
+        """A free buffer: one whose send has completed, else a new one (never a wait: a send completes when the
+        successor reaches the piece, which may be after this rank's next units)."""
+        if self.free:
+            return self.free.pop()
+        for n, (p, flat) in enumerate(self.sends):
+            if p.test():
+                del self.sends[n]
+                return flat
+        self.slots.append(torch.empty(self.kv.numel, dtype=self.acc, device=self.kv.k.device))
+        return self.slots[-1]
+
+    def post(self, i: int) -> None:
+        """Post the receives up to unit ``i``'s (pieces coming home: once ``i`` is past their piece index)."""
+        j = self.units[i].j if i < len(self.units) else math.inf
+        while self.posted < len(self.seq):
+            at, u = self.seq[self.posted]
+            if at > i or (at < 0 and u.j >= j):
+                break
+            self.posted += 1
+            flat = self._slot()
+            p = C.irecv(self.comm, flat[: self.kv.count(u)], self.plan.recv_from, RING_GRAD_TAG)
+            if at < 0:
+                self.homes.append((p, flat, u, i))
+            else:
+                self.recvs[at] = (p, flat)
+
+    def send(self, i: int, share: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Add this rank's ``share`` (None: none) of unit ``i``'s piece to its total and send it on."""
+        u = self.units[i]
+        if u.s == 0:
+            flat = self._slot()
+            tk, tv = self.kv.views(flat, u)
+            if share is None:
+                flat[: self.kv.count(u)].zero_()
+            else:
+                tk.copy_(share[0])
+                tv.copy_(share[1])
+        else:
+            self.post(i)
+            p, flat = self.recvs.pop(i)
+            p.wait()
+            if share is not None:
+                tk, tv = self.kv.views(flat, u)
+                tk.add_(share[0])
+                tv.add_(share[1])
+        self.sends.append((C.isend(self.comm, flat[: self.kv.count(u)], self.plan.send_to, RING_GRAD_TAG), flat))
+
+    def reap(self, i: int | None) -> None:
+        """Wait for the pieces coming home posted before unit ``i`` (None: all) and keep them."""
+        keep = []
+        for p, flat, u, at in self.homes:
+            if i is not None and at >= i:
+                keep.append((p, flat, u, at))
+                continue
+            p.wait()
+            hk, hv = self.kv.views(flat, u)
+            self.dk[:, :, u.k0 : u.k1].copy_(hk)
+            self.dv[:, :, u.k0 : u.k1].copy_(hv)
+            self.free.append(flat)
+        self.homes = keep
+
+    def finish(self) -> None:
+        self.post(len(self.units))
+        self.reap(None)
+        C.waitall([p for p, _ in self.sends])
+        self.sends.clear()
+        self.slots.clear()
+        self.free.clear()
+
+
+def _unit_index(k_index: list[torch.Tensor | None], u: _Unit) -> torch.Tensor | None:
+    index = k_index[u.s]
+    return None if index is None else index[u.k0 : u.k1]
+
+
 def _ring_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float,
-    pieces: list[list[_Piece]] | None,
+    units: list[_Unit], pieces: list[list[_Piece]] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Collective over the ring. ``(out, lse)`` of this rank's queries (accumulation dtype); ``pieces``: each
-    step's flash pieces (:func:`_flash_pieces`), or None for key tiles."""
+    unit's flash pieces (:func:`_flash_pieces`), or None for key tiles."""
     b, h, lq, _ = q.shape
     acc = _acc_dtype(q.dtype)
     o = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
@@ -579,18 +781,19 @@ def _ring_forward(
         qa = q.to(acc)
         denom = torch.zeros((b, h, lq), dtype=acc, device=q.device)  # the sum of exponentials
         q_index, k_index = _indices(plan, q.device)
-    ring = _KVRing(grid, plan, k, v)
+    ring = _KVRing(grid, plan, k, v, units)
+    poke = _poke(ring.pending)
     try:
-        for s, step in enumerate(plan.steps):
-            ring.start(s)
+        for i, u in enumerate(units):
+            kk, vv = ring.take(i)
             if pieces is not None:
-                if pieces[s]:
-                    kk, vv = ring.block(s)
-                    _flash_forward_block(q, kk, vv, (lse, o), scale, pieces[s], _poke(ring.pending))
-            elif step.visibility != "none":
-                kk, vv = ring.block(s)
-                _forward_block(qa, kk, vv, (lse, denom, o), scale, q_index, k_index[s], _poke(ring.pending))
-            ring.advance()
+                if pieces[i]:
+                    _flash_forward_block(q, kk, vv, (lse, o), scale, pieces[i], poke)
+            elif plan.steps[u.s].visibility != "none":
+                _forward_block(qa, kk, vv, (lse, denom, o), scale, q_index, _unit_index(k_index, u), poke)
+            del kk, vv
+            ring.done()
+        ring.finish()
     finally:
         ring.release()
     if pieces is None:
@@ -605,17 +808,16 @@ def _zeros_if_none(x: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtyp
 
 def _ring_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool, pieces: list[list[_Piece]] | None,
+    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool, units: list[_Unit],
+    pieces: list[list[_Piece]] | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Collective over the ring. ``(dq, dk, dv)`` (accumulation dtype; ``dk``/``dv`` None unless ``want_kv``).
 
-    The K/V blocks travel as in the forward pass. Each block's dK/dV follows one step behind
-    it: a rank computes its share of the block it holds (flash pieces: the kernel's own tensors;
-    key tiles: a scratch buffer), then waits for the dK/dV accumulated so far (sent by its
-    predecessor after that rank's share), adds, and sends it on; after the last step every block's
-    dK/dV has reached its owner. Two buffers alternate for the travelling dK/dV: the one that
-    receives the next block's is the one sent the step before, so that send has the step's K/V
-    exchange to complete in (and has, the successor having posted its receive a step earlier).
+    The K/V pieces travel as in the forward pass. Each piece's dK/dV follows one unit behind it
+    (:class:`_GradRing`): a rank computes its share of the piece it holds (flash pieces: the kernel's own
+    tensors; key tiles: a scratch piece), then waits for the dK/dV accumulated so far (sent by its
+    predecessor after that rank's share), adds, and sends it on; after the last step of a piece index
+    every block's piece has reached its owner.
     """
     b, h, lq, d = q.shape
     acc = _acc_dtype(q.dtype)
@@ -625,90 +827,50 @@ def _ring_backward(
         qa, doa = q.to(acc), dout.to(acc)
         delta = (doa * out.to(acc)).sum(dim=-1)
         q_index, k_index = _indices(plan, q.device)
-    n = plan.size
-    ring = _KVRing(grid, plan, k, v)
-    # dK/dV buffers: two travel in turn (key tiles: one more takes a step's share)
-    travel = want_kv and n > 1
-    # (plain tensors, not pooled: the one that comes home is returned as it is, the others freed)
-    grads = [
-        torch.empty(ring.numel, dtype=acc, device=k.device) for _ in range((2 if pieces is not None else 3) * travel)
-    ]
+    ring = _KVRing(grid, plan, k, v, units)
+    travel = want_kv and ring.travel
+    grads = _GradRing(ring, acc) if travel else None
     own_k = own_v = None
     if want_kv and not travel:
-        own_k, own_v = (
-            torch.zeros(k.shape, dtype=acc, device=k.device),
-            torch.zeros(v.shape, dtype=acc, device=v.device),
-        )
-
+        own_k = torch.zeros(k.shape, dtype=acc, device=k.device)
+        own_v = torch.zeros(v.shape, dtype=acc, device=v.device)
+    poke = _poke(ring.pending if grads is None else (lambda: ring.pending() + grads.pending()))
     try:
-        travelling, scratch = grads[:2], grads[2:]
-        sends: dict[int, C.Pending] = {}
-        arriving: C.Pending | None = None
-        for s, step in enumerate(plan.steps):
-            ring.start(s)
-            kk, vv = ring.block(s)
-            if not travel:
-                if pieces is not None:
-                    if pieces[s]:
-                        dq, dk_s, dv_s = _flash_backward_block(dout, q, kk, vv, out, lse, dq, scale, pieces[s])
-                        if own_k is not None and own_v is not None:
-                            own_k.add_(dk_s)
-                            own_v.add_(dv_s)
-                        del dk_s, dv_s
-                elif step.visibility != "none":
-                    _backward_block(qa, kk, vv, doa, lse, delta, dq_tiles, own_k, own_v, scale, q_index, k_index[s])
-                ring.advance()
-                continue
-            incoming, arriving = arriving, None
-            if s - 1 in sends:
-                sends.pop(s - 1).wait()  # the buffer about to receive has sent its last message
-            if ring.count(s + 1):  # the next block's dK/dV (after the last step: our own, home again)
-                nxt = travelling[(s + 1) % 2]
-                arriving = C.irecv(grid.comm, nxt[: ring.count(s + 1)], plan.recv_from, RING_GRAD_TAG)
-            size = ring.count(s)
-            total = travelling[s % 2]
-            poke = _poke(ring.pending + ([arriving] if arriving else []))
-            if pieces is not None:  # the kernel's dK/dV, computed before the wait, added after it
-                got = None
-                if pieces[s]:
-                    dq, *got = _flash_backward_block(dout, q, kk, vv, out, lse, dq, scale, pieces[s], poke)
-                tk, tv = ring.views(total, s)
-                if s == 0:  # our own block: its share starts the total
-                    if got is None:
-                        total[:size].zero_()
-                    else:
-                        tk.copy_(got[0])
-                        tv.copy_(got[1])
-                else:
-                    if incoming is not None:
-                        incoming.wait()
-                    if got is not None:
-                        tk.add_(got[0])
-                        tv.add_(got[1])
-                del got
-            else:  # key tiles: the share in a buffer (our own block's: the total)
-                share = total if s == 0 else scratch[0]
-                share[:size].zero_()
-                if step.visibility != "none":
-                    dk_s, dv_s = ring.views(share, s)
-                    _backward_block(qa, kk, vv, doa, lse, delta, dq_tiles, dk_s, dv_s, scale, q_index, k_index[s], poke)
-                if s > 0:
-                    if incoming is not None:
-                        incoming.wait()
-                    total[:size].add_(share[:size])
-            if size:
-                sends[s] = C.isend(grid.comm, total[:size], plan.send_to, RING_GRAD_TAG)
-            ring.advance()
-        if not travel:
-            return _zeros_if_none(dq, q, acc), own_k, own_v
-        if arriving is not None:
-            arriving.wait()
-        C.waitall(list(sends.values()))
-        home_k, home_v = ring.views(travelling[n % 2], 0)
-        return _zeros_if_none(dq, q, acc), home_k, home_v
+        for i, u in enumerate(units):
+            kk, vv = ring.take(i)
+            if grads is not None:
+                grads.post(i)
+            share: tuple[torch.Tensor, torch.Tensor] | None = None
+            if pieces is not None:
+                if pieces[i]:
+                    dq, dk_s, dv_s = _flash_backward_block(dout, q, kk, vv, out, lse, dq, scale, pieces[i], poke)
+                    share = (dk_s, dv_s)
+                    del dk_s, dv_s
+            elif plan.steps[u.s].visibility != "none":
+                share = (
+                    torch.zeros(kk.shape, dtype=acc, device=k.device),
+                    torch.zeros(vv.shape, dtype=acc, device=v.device),
+                )
+                _backward_block(
+                    qa, kk, vv, doa, lse, delta, dq_tiles, share[0], share[1], scale, q_index,
+                    _unit_index(k_index, u), poke,
+                )  # fmt: skip
+            del kk, vv
+            ring.done()
+            if grads is not None:
+                grads.send(i, share)
+                grads.reap(i)
+            elif own_k is not None and own_v is not None and share is not None and u.s == 0:
+                own_k[:, :, u.k0 : u.k1].add_(share[0])
+                own_v[:, :, u.k0 : u.k1].add_(share[1])
+            del share
+        ring.finish()
+        if grads is not None:
+            grads.finish()
+            return _zeros_if_none(dq, q, acc), grads.dk, grads.dv
+        return _zeros_if_none(dq, q, acc), own_k, own_v
     finally:
         ring.release()
-        grads.clear()
 
 
 class _RingAttention(torch.autograd.Function):
@@ -718,22 +880,25 @@ class _RingAttention(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
     ) -> torch.Tensor:
-        pieces = _flash_pieces(plan) if _flash_applies(q, k, v) else None
+        units = _units(plan, RING_PIECES)
+        pieces = _flash_pieces(plan, units) if _flash_applies(q, k, v) else None
         with autocast_off(q):  # (autocast: the inputs are cast already; the statistics stay in float32)
-            out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, pieces)
+            out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, units, pieces)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.grid, ctx.plan, ctx.scale, ctx.pieces = grid, plan, scale, pieces
+        ctx.grid, ctx.plan, ctx.scale, ctx.flash = grid, plan, scale, pieces is not None
         return out
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
         want_kv = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
+        units = _units(ctx.plan, 2 * RING_PIECES)
+        pieces = _flash_pieces(ctx.plan, units) if ctx.flash else None
         with autocast_off(q):
             dq, dk, dv = _ring_backward(
                 dout.contiguous(), q.detach(), k.detach(), v.detach(), out, lse, ctx.grid, ctx.plan, ctx.scale,
-                want_kv, ctx.pieces,
+                want_kv, units, pieces,
             )  # fmt: skip
         return (
             dq.to(q.dtype),
