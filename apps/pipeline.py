@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .common.config import load_config
     from .simulate.run import save_snapshots, simulate
     from .surrogate.evaluate import evaluate
+    from .surrogate.rollout import longest_rollout, run_rollout
     from .surrogate.train import train
 
     t0 = time.perf_counter()
@@ -41,11 +42,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = cfg["train"]["out"]
     losses = train(cfg, data, run, grid, log)
     result = evaluate(cfg, data, f"{run}/checkpoint.h5", grid, log, plot=str(Path(run) / "eval.png"))
+    steps = min(10, longest_rollout(data, cfg))  # a 10-step rollout (fewer if the data is short)
+    roll = run_rollout(cfg, data, f"{run}/checkpoint.h5", grid, log, steps) if steps >= 1 else None
     if grid.rank == 0:
+        rolled = (
+            f"; {steps}-step rollout error {roll.surrogate[-1]:.4f} (persistence {roll.persistence[-1]:.4f}, "
+            f"{run}/rollout.png)"
+            if roll is not None
+            else ""
+        )
         print(
             f"pipeline done in {time.perf_counter() - t0:.0f} s on {grid.size} ranks: training loss "
             f"{losses[0]:.3e} -> {losses[-1]:.3e}; held-out relative L2 error {result['surrogate']:.4f} "
-            f"(persistence baseline {result['persistence']:.4f}); plot {run}/eval.png",
+            f"(persistence baseline {result['persistence']:.4f}); plot {run}/eval.png{rolled}",
             flush=True,
         )
     return 0

@@ -27,6 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.add_argument("--checkpoint", default=None, help="default: train.out/checkpoint.h5")
         if name == "evaluate":
             s.add_argument("--plot", default=None, help="PNG of truth/prediction/error (default: RUNDIR/eval.png)")
+            s.add_argument(
+                "--rollout", type=int, default=0, metavar="N",
+                help="also feed the surrogate its own predictions for N steps from held-out initial states: "
+                "error per lead time beside persistence (RUNDIR/rollout.csv, RUNDIR/rollout.png)",
+            )  # fmt: skip
         if name == "predict":
             s.add_argument("--start", type=int, default=0, help="snapshot index to start from")
             s.add_argument("--steps", type=int, default=4, help="number of predicted states")
@@ -64,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"relative L2 error: {result['surrogate']:.4f} (persistence baseline {result['persistence']:.4f})",
                 flush=True,
             )
+        if args.rollout:
+            from .rollout import run_rollout
+
+            roll = run_rollout(cfg, data, checkpoint, grid, log, args.rollout)
+            if grid.rank == 0:
+                print(roll.table(), flush=True)
         return 0
     from .predict import predict
 
