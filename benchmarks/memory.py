@@ -10,7 +10,8 @@ Usage::
 The model is a wide FNO (``--width`` channels, ``--depth`` Fourier layers of ``--modes`` modes, each
 with its 1x1 convolution) on ``--size``-square 2-channel fields, float32, trained with Adam on a
 global batch of ``--batch`` samples split over the ranks (data parallelism: ``ParallelPlan(grid,
-data=(0,))``). For every configuration, in ONE run per rank count:
+data=(0,))``; gradient buckets of ``--bucket-mib``, default 4: several per model, so that their messages can
+start during backward). For every configuration, in ONE run per rank count:
 
 * **state** per rank: the bytes of parameters, gradients and Adam state held by this rank, as
   *kept* between steps (after the step: what the rank must hold for the model to exist) and at the
@@ -53,6 +54,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--budget-mib", type=float, default=64.0)
+    p.add_argument("--bucket-mib", type=float, default=4.0, help="gradient bucket size (several buckets: overlap)")
     p.add_argument("--worker", action="store_true", help="run one rank count under mpiexec")
     return p.parse_args(argv)
 
@@ -174,7 +176,7 @@ def _configuration(
     model = _model(args, grid)
     if ckpt:
         _checkpoint_layers(model)
-    sdp = ShardedDataParallel(model, plan, stage=stage, overlap=overlap, prefetch=prefetch)
+    sdp = ShardedDataParallel(model, plan, stage=stage, overlap=overlap, prefetch=prefetch, bucket_mib=args.bucket_mib)
     opt = torch.optim.Adam(sdp.parameters(), lr=1e-4)
     start, stop = plan.sample_range(args.batch)
     x, y = _data(args, start, stop)
