@@ -94,15 +94,10 @@ def _layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 def _checkpoint_layers(model: torch.nn.Module) -> None:
-    from hpctp.nn import checkpoint
+    from hpctp.nn import checkpoint_forward
 
     for layer in _layers(model):
-        forward: Callable[..., Any] = layer.forward
-
-        def run(*a: Any, _f: Callable[..., Any] = forward, **k: Any) -> Any:
-            return checkpoint(_f, *a, **k) if torch.is_grad_enabled() else _f(*a, **k)
-
-        layer.forward = run  # type: ignore[method-assign]
+        checkpoint_forward(layer)
 
 
 # ---------------------------------------------------------------------------------------------- measuring

@@ -216,3 +216,37 @@ def test_checkpoint_rejects_bad_arguments() -> None:
         checkpoint(3, torch.zeros(1))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Checkpointed wraps a torch.nn.Module, got function"):
         Checkpointed(lambda x: x)  # type: ignore[arg-type]
+
+
+def test_checkpoint_forward_keeps_names_and_gradients() -> None:
+    """In place: the state dict's names stay, gradients are bitwise those without it, fewer bytes are saved."""
+
+    def make() -> torch.nn.Sequential:
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.GELU(), torch.nn.Linear(32, 6)).double()
+
+    plain, ckpt = make(), make()
+    names = list(ckpt.state_dict())
+    assert hpctp.nn.checkpoint_forward(ckpt) is ckpt
+    assert list(ckpt.state_dict()) == names
+    x = torch.randn(5, 6, dtype=torch.float64)
+    saved = []
+    for model in (plain, ckpt):
+        count = [0]
+
+        def pack(t: torch.Tensor, count: list[int] = count) -> torch.Tensor:
+            count[0] += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = model(x)
+        (y * y).sum().backward()
+        saved.append(count[0])
+    for p, q in zip(plain.parameters(), ckpt.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    assert saved[1] < saved[0], saved
+    ckpt.eval()
+    with torch.no_grad():
+        assert torch.equal(ckpt(x), plain(x))
+    with pytest.raises(TypeError, match="Module"):
+        hpctp.nn.checkpoint_forward(lambda t: t)  # type: ignore[arg-type]

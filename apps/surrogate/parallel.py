@@ -20,14 +20,14 @@ from __future__ import annotations
 import contextlib
 import resource
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 import hpctp
-from hpctp.nn import ParallelPlan, checkpoint
+from hpctp.nn import ParallelPlan, checkpoint_forward
 
 __all__ = ["TrainingSetup", "training_setup", "autocast", "checkpoint_layers", "memory_line", "PRECISIONS"]
 
@@ -106,19 +106,12 @@ def _layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 def checkpoint_layers(model: torch.nn.Module) -> int:
     """Local. Run each layer of ``model`` (see :func:`_layers`) under :func:`hpctp.nn.checkpoint` when
-    gradients are on; the module tree and state-dict names are unchanged. Returns the count."""
-    count = 0
-    for layer in _layers(model):
-        forward: Callable[..., Any] = layer.forward
-
-        def run(*args: Any, _forward: Callable[..., Any] = forward, **kwargs: Any) -> Any:
-            if torch.is_grad_enabled():
-                return checkpoint(_forward, *args, **kwargs)
-            return _forward(*args, **kwargs)
-
-        layer.forward = run  # type: ignore[method-assign]
-        count += 1
-    return count
+    gradients are on (:func:`hpctp.nn.checkpoint_forward`); the module tree and state-dict names are
+    unchanged. Returns the count."""
+    layers = list(_layers(model))
+    for layer in layers:
+        checkpoint_forward(layer)
+    return len(layers)
 
 
 def memory_line(grid: hpctp.ProcessGrid) -> str:

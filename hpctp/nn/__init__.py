@@ -28,7 +28,7 @@ from .patch import (
 )
 from .plan import ParallelPlan
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
-from .recompute import Checkpointed, checkpoint
+from .recompute import Checkpointed, checkpoint, checkpoint_forward
 from .sharded import ShardedDataParallel
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from .state_dict import global_state_dict, load_global_state_dict
@@ -78,6 +78,7 @@ __all__ = [
     "broadcast_parameters",
     "check_replicas",
     "checkpoint",
+    "checkpoint_forward",
     "context_parallel",
     "functional",
     "global_l1_loss",

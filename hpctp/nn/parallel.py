@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from .. import comm as C
 from .._util.backend import byte_view, to_numpy
 from .._util.ints import is_int
 from ..comm import ProcessGrid
 from ..layout import Layout
-from ..ops.autograd import check_grid, comms_for_axes, normalize_axes
+from ..ops.autograd import Comms, check_grid, comms_for_axes, normalize_axes
 
 __all__ = ["sync_gradients", "broadcast_parameters", "gradient_buckets", "check_replicas"]
 
@@ -137,12 +138,22 @@ def sync_gradients(module: torch.nn.Module, grid: ProcessGrid, axes: Sequence[in
     """
     buckets = gradient_buckets(module, grid, axes)
     with torch.no_grad():
-        for key, params in buckets.items():
-            _reduce_bucket(grid, key, params)
+        for (device, dtype, red), params in buckets.items():
+            reduce_bucket(params, dtype, device, comms_for_axes(grid, red))
 
 
-def _reduce_bucket(grid: ProcessGrid, key: BucketKey, params: list[tuple[str, torch.nn.Parameter]]) -> None:
-    device, dtype, red = key
+def reduce_bucket(
+    params: Sequence[tuple[str, torch.nn.Parameter]], dtype: torch.dtype, device: torch.device, comms: Comms
+) -> None:
+    """Collective over each of ``comms``. Sum the gradients of ``params`` (one dtype and device) in
+    one flat buffer, all-reduced over each communicator in turn; a ``None`` gradient counts as
+    zeros and stays None only if it is None on every rank (a flag per parameter travels along).
+
+    Raises
+    ------
+    ValueError
+        If a gradient is sparse.
+    """
     parts = []
     for name, p in params:
         if p.grad is not None and p.grad.is_sparse:
@@ -150,7 +161,7 @@ def _reduce_bucket(grid: ProcessGrid, key: BucketKey, params: list[tuple[str, to
         parts.append(p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device))
     flags = torch.tensor([0.0 if p.grad is None else 1.0 for _, p in params], device=device).to(dtype)
     buf = torch.cat(parts + [flags])
-    for c in comms_for_axes(grid, red):
+    for c in comms:
         C.allreduce(c, buf, "sum")
     had = buf[buf.numel() - len(params) :]
     offset = 0
@@ -162,6 +173,24 @@ def _reduce_bucket(grid: ProcessGrid, key: BucketKey, params: list[tuple[str, to
             p.grad.copy_(total)
         elif bool(had[i] != 0):
             p.grad = total.clone()
+
+
+def bcast_tensors(comm: MPI.Intracomm, tensors: Iterable[torch.Tensor], root: int = 0) -> None:
+    """Collective over ``comm``. Copy ``root``'s values of ``tensors`` into every rank's, one ``Bcast``
+    per (device, dtype) group of flattened tensors (none on a single rank)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for t in tensors:
+        groups[(t.device, t.dtype)].append(t)
+    if comm.Get_size() == 1:
+        return
+    with torch.no_grad():
+        for ts in groups.values():
+            buf = torch.cat([t.detach().reshape(-1) for t in ts])
+            C.bcast(comm, buf, root)
+            offset = 0
+            for t in ts:
+                t.copy_(buf[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
 
 
 def broadcast_parameters(module: torch.nn.Module, grid: ProcessGrid, root: int = 0) -> None:
@@ -187,23 +216,8 @@ def broadcast_parameters(module: torch.nn.Module, grid: ProcessGrid, root: int =
     check_grid(grid)
     if not is_int(root) or not 0 <= root < grid.size:
         raise ValueError(f"root={root!r} must be a rank in 0..{grid.size - 1}")
-    root = int(root)
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for p in module.parameters():
-        if getattr(p, "hpctp_layout", None) is None:
-            groups[(p.device, p.dtype)].append(p)
-    for b in module.buffers():
-        groups[(b.device, b.dtype)].append(b)
-    if grid.size == 1:
-        return
-    with torch.no_grad():
-        for ts in groups.values():
-            buf = torch.cat([t.reshape(-1) for t in ts])
-            C.bcast(grid.comm, buf, root)
-            offset = 0
-            for t in ts:
-                t.copy_(buf[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+    replicated = [p for p in module.parameters() if getattr(p, "hpctp_layout", None) is None]
+    bcast_tensors(grid.comm, [*replicated, *module.buffers()], int(root))
 
 
 def check_replicas(module: torch.nn.Module, grid: ProcessGrid) -> dict[str, list[int]]:

@@ -29,7 +29,7 @@ from .. import comm as C
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
 from ..layout import block_range
-from .parallel import partial_axes
+from .parallel import partial_axes, reduce_bucket
 
 __all__ = ["ParallelPlan"]
 
@@ -216,25 +216,7 @@ class ParallelPlan:
         buckets = self.gradient_buckets(module)
         with torch.no_grad():
             for (device, dtype, axes), params in buckets.items():
-                comm = self.grid.axes_comm(axes)
-                parts = []
-                for name, p in params:
-                    if p.grad is not None and p.grad.is_sparse:
-                        raise ValueError(f"parameter {name!r} has a sparse gradient; sync_gradients needs dense ones")
-                    parts.append(
-                        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
-                    )
-                flags = torch.tensor([float(p.grad is not None) for _, p in params], dtype=dtype, device=device)
-                buf = torch.cat([*parts, flags])
-                C.allreduce(comm, buf, "sum")
-                offset = 0
-                for i, (_, p) in enumerate(params):
-                    total = buf[offset : offset + p.numel()].view_as(p)
-                    offset += p.numel()
-                    if p.grad is not None:
-                        p.grad.copy_(total)
-                    elif bool(buf[buf.numel() - len(params) + i] != 0):
-                        p.grad = total.clone()
+                reduce_bucket(params, dtype, device, (self.grid.axes_comm(axes),))
 
     def free(self) -> None:
         """Collective over grid. Release the model grid (the data communicator belongs to ``grid``)."""

@@ -44,7 +44,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from ..tensor.core import DistTensor
 
-__all__ = ["Checkpointed", "checkpoint"]
+__all__ = ["Checkpointed", "checkpoint", "checkpoint_forward"]
 
 
 class _Replay:
@@ -235,3 +235,37 @@ class Checkpointed(torch.nn.Module):
         if self.training and torch.is_grad_enabled():
             return checkpoint(self.module, *args, **kwargs)
         return self.module(*args, **kwargs)
+
+
+def checkpoint_forward(module: torch.nn.Module) -> torch.nn.Module:
+    """Local. Run ``module``'s forward under :func:`checkpoint` when training with grad enabled, in place.
+
+    Unlike :class:`Checkpointed`, the module tree and its state dict's names stay as they are (the
+    instance's ``forward`` is replaced), so checkpoints load with or without it. Forward is
+    collective as ``module``'s.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+
+    Returns
+    -------
+    torch.nn.Module
+        ``module`` itself.
+
+    Raises
+    ------
+    TypeError
+        If ``module`` is not a torch.nn.Module.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"checkpoint_forward takes a torch.nn.Module, got {type(module).__name__}")
+    forward = module.forward
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if module.training and torch.is_grad_enabled():
+            return checkpoint(forward, *args, **kwargs)
+        return forward(*args, **kwargs)
+
+    module.forward = run  # type: ignore[method-assign]
+    return module

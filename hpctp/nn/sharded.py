@@ -52,6 +52,7 @@ from .. import comm as C
 from ..comm import Pending
 from ..layout import block_range
 from ..tensor.core import DistTensor
+from .parallel import bcast_tensors
 from .plan import ParallelPlan
 
 __all__ = ["ShardedDataParallel"]
@@ -250,23 +251,6 @@ def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors_in(v)
 
 
-def _broadcast_module(module: torch.nn.Module, comm: Any) -> None:
-    """Collective over ``comm``. Rank 0's parameters and buffers on every rank (one Bcast per device and dtype)."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for t in [*module.parameters(), *module.buffers()]:
-        groups[(t.device, t.dtype)].append(t)
-    if comm.Get_size() == 1:
-        return
-    with torch.no_grad():
-        for ts in groups.values():
-            buf = torch.cat([t.detach().reshape(-1) for t in ts])
-            C.bcast(comm, buf, 0)
-            offset = 0
-            for t in ts:
-                t.copy_(buf[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
-
-
 class ShardedDataParallel(torch.nn.Module):
     """Collective over grid. A model trained on the data axes of ``plan`` with its state sharded (ZeRO/FSDP).
 
@@ -377,7 +361,7 @@ class ShardedDataParallel(torch.nn.Module):
         self.plan = plan
         self.stage = int(stage)
         self.overlap, self.prefetch = bool(overlap), bool(prefetch)
-        _broadcast_module(model, plan.data_comm)
+        bcast_tensors(plan.data_comm, [*model.parameters(), *model.buffers()])
         grad_axes = {id(p): a for (_, p), a in zip(trainable, axes)}
         self._units: list[_Unit] = []
         if self.stage == 3:

@@ -37,7 +37,7 @@ partial there, and the same call sums it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -81,6 +81,17 @@ def _attention_layer(kind: str, embed_dim: int, num_heads: int, grid: ProcessGri
             )
         return MultiheadAttention(embed_dim, num_heads, grid, schedule=kind, **kwargs)
     raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
+
+
+def _renamed(state: dict[str, Any], prefixes: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """Local. ``state`` with each key's leading ``old`` replaced by ``new``, for every ``(old, new)`` in turn."""
+    out = {}
+    for k, v in state.items():
+        for old, new in prefixes:
+            if k.startswith(old):
+                k = new + k[len(old) :]
+        out[k] = v
+    return out
 
 
 class TransformerBlock(torch.nn.Module):
@@ -191,13 +202,7 @@ class TransformerBlock(torch.nn.Module):
         -------
         dict
         """
-        out = {}
-        for k, v in state.items():
-            for torch_name, ours in _TORCH_NAMES:
-                if k.startswith(ours):
-                    k = torch_name + k[len(ours) :]
-            out[k] = v
-        return out
+        return _renamed(state, [(ours, torch_name) for torch_name, ours in _TORCH_NAMES])
 
     def hpctp_import_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """Local. ``torch.nn.TransformerEncoderLayer``'s names to this block's (``linear1.`` -> ``mlp.linear1.``).
@@ -211,13 +216,7 @@ class TransformerBlock(torch.nn.Module):
         -------
         dict
         """
-        out = {}
-        for k, v in state.items():
-            for torch_name, ours in _TORCH_NAMES:
-                if k.startswith(torch_name):
-                    k = ours + k[len(torch_name) :]
-            out[k] = v
-        return out
+        return _renamed(state, _TORCH_NAMES)
 
     # ------------------------------------------------------------------ forward
     def _drop(self, y: torch.Tensor) -> torch.Tensor:
