@@ -52,7 +52,7 @@ import logging
 import math
 import numbers
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,13 +265,12 @@ def _mask(q_index: torch.Tensor | None, k_index: torch.Tensor | None, c0: int, c
     return k_index[None, c0:c1] <= q_index[:, None]
 
 
-def _forward_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    scale: float, q_index: torch.Tensor | None, k_index: torch.Tensor | None, poke: Callable[[], None] | None = None,
-) -> None:  # fmt: skip
-    """Merge the attention of ``q`` to one K/V block into the running ``(max, sum, numerator)``;
-    ``poke`` is called after each key tile (to let messages progress)."""
-    m, denom, o = state
+def _score_tiles(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+    q_index: torch.Tensor | None, k_index: torch.Tensor | None,
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """Key tiles of one K/V block: ``(c0, c1, k tile, v tile, scaled scores)`` in ``q``'s dtype, the keys
+    a query may not see (causal ``q_index``/``k_index``) at ``-inf``; at most :data:`SCORE_TILE_ELEMENTS` scores."""
     acc = q.dtype
     n = k.shape[2]
     tile = _key_tile(q.shape[0] * q.shape[1], q.shape[2])
@@ -282,6 +281,17 @@ def _forward_block(
         mask = _mask(q_index, k_index, c0, c1)
         if mask is not None:
             s.masked_fill_(~mask, -math.inf)
+        yield c0, c1, kc, vc, s
+
+
+def _forward_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    scale: float, q_index: torch.Tensor | None, k_index: torch.Tensor | None, poke: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Merge the attention of ``q`` to one K/V block into the running ``(max, sum, numerator)``;
+    ``poke`` is called after each key tile (to let messages progress)."""
+    m, denom, o = state
+    for _, _, _, vc, s in _score_tiles(q, k, v, scale, q_index, k_index):
         m_new = torch.maximum(m, s.amax(dim=-1))
         m_use = m_new.masked_fill(m_new == -math.inf, 0.0)  # rows that saw no key yet stay at zero weight
         p = s.sub_(m_use[..., None]).exp_()
@@ -300,16 +310,7 @@ def _backward_block(
 ) -> None:  # fmt: skip
     """Add one K/V block's share to ``dq`` and its gradients to ``dk``/``dv`` (None: not wanted);
     ``poke`` is called after each key tile."""
-    acc = q.dtype
-    n = k.shape[2]
-    tile = _key_tile(q.shape[0] * q.shape[1], q.shape[2])
-    for c0 in range(0, n, tile):
-        c1 = min(n, c0 + tile)
-        kc, vc = k[:, :, c0:c1].to(acc), v[:, :, c0:c1].to(acc)
-        s = torch.matmul(q, kc.transpose(-1, -2)).mul_(scale)
-        mask = _mask(q_index, k_index, c0, c1)
-        if mask is not None:
-            s.masked_fill_(~mask, -math.inf)
+    for c0, c1, kc, vc, s in _score_tiles(q, k, v, scale, q_index, k_index):
         p = s.sub_(lse[..., None]).exp_()
         if dv is not None:
             dv[:, :, c0:c1].add_(torch.matmul(p.transpose(-1, -2), dout))
