@@ -194,6 +194,15 @@ def _check_field(nd: int, channels: int) -> Callable[[torch.Tensor], None]:
     return check
 
 
+def _adopt(module: torch.nn.Module, ref: Any) -> None:
+    """Local. ``ref``'s ``weight`` and ``bias`` (or no bias) as ``module``'s parameters."""
+    module.weight = ref.weight
+    if ref.bias is not None:
+        module.bias = ref.bias
+    else:
+        module.register_parameter("bias", None)
+
+
 class _PatchEmbed(torch.nn.Module):
     """Local. The shared code of :class:`PatchEmbed2d` and ``3d``: a conv's ``weight [E, C, *p]``, ``bias [E]``."""
 
@@ -226,12 +235,7 @@ class _PatchEmbed(torch.nn.Module):
 
         def init() -> None:  # the values of torch's ConvNd(C, E, p, stride=p) built after manual_seed(seed)
             kernel: Any = sizes
-            ref: Any = conv(in_channels, embed_dim, kernel, stride=kernel, bias=bias, device=device, dtype=dtype)
-            self.weight = ref.weight
-            if ref.bias is not None:
-                self.bias = ref.bias
-            else:
-                self.register_parameter("bias", None)
+            _adopt(self, conv(in_channels, embed_dim, kernel, stride=kernel, bias=bias, device=device, dtype=dtype))
 
         init_replicated(self, init, grid, seed)
 
@@ -325,14 +329,9 @@ class _Unpatch(torch.nn.Module):
         self.embed_dim, self.out_channels, self.patch_size = int(embed_dim), int(out_channels), sizes
 
         def init() -> None:  # the values of torch.nn.Linear(E, C * prod(p)) built after manual_seed(seed)
-            ref: Any = torch.nn.Linear(
-                embed_dim, out_channels * math.prod(sizes), bias=bias, device=device, dtype=dtype
+            _adopt(
+                self, torch.nn.Linear(embed_dim, out_channels * math.prod(sizes), bias=bias, device=device, dtype=dtype)
             )
-            self.weight = ref.weight
-            if ref.bias is not None:
-                self.bias = ref.bias
-            else:
-                self.register_parameter("bias", None)
 
         init_replicated(self, init, grid, seed)
 
