@@ -11,18 +11,20 @@ import numpy as np
 import hpctp
 
 
+def timed(fn: Callable[[], object], grid: hpctp.ProcessGrid) -> float:
+    """Collective over grid. Seconds of one call of ``fn`` after a barrier, on the slowest rank."""
+    grid.comm.Barrier()
+    t = time.perf_counter()
+    fn()
+    slowest = np.array([time.perf_counter() - t])
+    hpctp.comm.allreduce(grid.comm, slowest, "max")
+    return float(slowest[0])
+
+
 def best_of(fn: Callable[[], object], reps: int, grid: hpctp.ProcessGrid) -> float:
     """Collective over grid. The best of ``reps`` runs of ``fn`` after one warm-up (plans,
-    allocations), each timed by its slowest rank."""
-    out = float("inf")
-    for _ in range(reps + 1):
-        grid.comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        slowest = np.array([time.perf_counter() - t])
-        hpctp.comm.allreduce(grid.comm, slowest, "max")
-        out = min(out, float(slowest[0]))
-    return out
+    allocations), each timed by its slowest rank (:func:`timed`)."""
+    return min(timed(fn, grid) for _ in range(reps + 1))
 
 
 def single_process(grid: Any, fn: Callable[[], tuple[Any, float]]) -> tuple[Any, float] | None:

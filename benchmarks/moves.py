@@ -29,25 +29,15 @@ import functools
 import importlib
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _timing import timed
 
 import hpctp
 import hpctp.fft
 from hpctp.cli.runner import run_main
-
-
-def _timed(fn: Callable[[], object], grid: hpctp.ProcessGrid) -> float:
-    """Collective over grid. One call of ``fn``, timed by the slowest rank."""
-    grid.comm.Barrier()
-    t = time.perf_counter()
-    fn()
-    slowest = np.array([time.perf_counter() - t])
-    hpctp.comm.allreduce(grid.comm, slowest, "max")
-    return float(slowest[0])
 
 
 def _allocations(fn: Callable[[], object]) -> int:
@@ -99,7 +89,7 @@ def main() -> int:
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, fn in cases.items():
-            times[name].append(_timed(fn, grid))
+            times[name].append(timed(fn, grid))
     ok = np.array_equal(x["torch"].redistribute((None, 0)).local.numpy(), x["numpy"].redistribute((None, 0)).local)
     if grid.rank != 0:
         return 0
