@@ -18,17 +18,7 @@ mkdir -p build/test-logs
 start=$(date +%s)
 build_pid=
 
-# children_cpu: sets cpu_now to the CPU seconds of the commands this shell has waited for (`times`
-# must run in this shell, not in a $(...) subshell)
-cpu_now=0
-children_cpu() {
-  local f
-  f=$(mktemp)
-  times > "$f"
-  cpu_now=$(awk 'function s(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
-                 NR == 2 { printf "%d\n", s($1) + s($2) }' "$f")
-  rm -f "$f"
-}
+source tests/cpu_time.sh  # children_cpu, cpu_now
 
 summary() {
   local rc=$?

@@ -52,19 +52,7 @@ export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 # MPICH: yield the core while polling, so 4 ranks on 2 cores do not spin against each other
 export MPIR_CVAR_ENABLE_HEAVY_YIELD=${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}
 
-# children_cpu: sets cpu_now to the CPU seconds (user + system) of the commands this shell has run so
-# far. Next to the wall time it shows what a leg costs on a machine that other jobs share (on 2 idle
-# cores, an MPI leg's wall time is about CPU / 2). `times` must run in this shell: a $(...) subshell
-# has no children of its own.
-cpu_now=0
-children_cpu() {
-  local f
-  f=$(mktemp)
-  times > "$f"
-  cpu_now=$(awk 'function s(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
-                 NR == 2 { printf "%d\n", s($1) + s($2) }' "$f")
-  rm -f "$f"
-}
+source tests/cpu_time.sh  # children_cpu, cpu_now
 
 leg_rows=()
 suite_start=$(date +%s)

@@ -87,16 +87,7 @@ install_mpi4py_wheel() {
   echo "mpi4py wheel on $path ($abi ABI)"
 }
 
-# children_cpu: sets cpu_now to the CPU seconds (user + system) of the commands this shell has waited
-# for (`times` must run in this shell, not in a $(...) subshell); tests/make_test.sh reports the build's
-children_cpu() {
-  local f
-  f=$(mktemp)
-  times > "$f"
-  cpu_now=$(awk 'function s(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
-                 NR == 2 { printf "%d\n", s($1) + s($2) }' "$f")
-  rm -f "$f"
-}
+source tests/cpu_time.sh  # children_cpu, cpu_now
 
 case "$VENV" in ""|/|.|..) echo "run_mpio.sh: refusing MPIO_VENV=$VENV" >&2; exit 1 ;; esac
 stamp=$VENV/.installed-mpio
