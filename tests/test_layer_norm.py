@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.agreement import count_agreements
 from helpers.layouts import skewed_cuts
 from helpers.linear import param_block
 from helpers.transformer import F64, normal
 
-import hpctp
 from hpctp.layout import block_cuts
 from hpctp.nn.layer_norm import LayerNorm, RMSNorm
 from hpctp.testing import assert_all, assert_allclose
@@ -101,14 +101,7 @@ def test_split_parameters_and_float32(grid1d):  # type: ignore[no-untyped-def]
 
 @pytest.mark.mpi
 def test_agreement_once_per_shape(grid1d, monkeypatch):  # type: ignore[no-untyped-def]
-    calls = []
-    real = hpctp.comm.agree_arguments
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(args[1])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hpctp.comm, "agree_arguments", counting)
+    calls = count_agreements(monkeypatch)
     layer = LayerNorm(10, grid1d, axis=0, dtype=F64)
     n = layer.weight.shape[0]
     for rows in (3, 3, 5, 3):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.agreement import count_agreements
 from helpers.transformer import F64, batch_rows, global_grads, normal, token_rows, torch_grads
 from mpi4py import MPI
 
@@ -160,14 +161,7 @@ def test_errors(grid1d):  # type: ignore[no-untyped-def]
 
 @pytest.mark.mpi
 def test_arguments_agreed_once_per_shape(grid1d, monkeypatch):  # type: ignore[no-untyped-def]
-    calls = []
-    real = hpctp.comm.agree_arguments
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(args[1])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hpctp.comm, "agree_arguments", counting)
+    calls = count_agreements(monkeypatch)
     block = TransformerBlock(E, H, RATIO, grid1d, dtype=F64)
     for _ in range(3):
         block(normal((B, T, E), 1)).sum().backward()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.agreement import count_agreements
 from helpers.transformer import F64, global_grads, normal, torch_grads
 from mpi4py import MPI
 
@@ -133,14 +134,7 @@ def test_attention_dist_cross_attention_matches_torch(grid2d):  # type: ignore[n
 def test_sequence_parallel_dist_input_agrees_once(grid1d, monkeypatch):  # type: ignore[no-untyped-def]
     """The token cuts come from the layout: after the first call no Allgather (counted or not), and the
     messages are those of the plain sequence-parallel block without its per-call Allgather."""
-    calls = []
-    real = hpctp.comm.agree_arguments
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(args[1])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hpctp.comm, "agree_arguments", counting)
+    calls = count_agreements(monkeypatch)
     p = grid1d.size
     for sp in (True, False):
         calls.clear()

@@ -5,4 +5,5 @@
 * ``helpers.layers``: a partitioned layer against torch on the gathered field (values and gradients).
 * ``helpers.linear``: the single-process torch reference of a tensor-parallel linear layer.
 * ``helpers.transformer``: the single-process torch references of the transformer layers (attention, MLP, block).
+* ``helpers.agreement``: counting a layer's argument agreements (``hpctp.comm.agree_arguments`` calls).
 """
