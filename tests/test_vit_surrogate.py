@@ -33,6 +33,29 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
         model.get_buffer("delta_scale").fill_(0.7)
 
 
+def _compare_forward_backward(
+    model: torch.nn.Module, ref: torch.nn.Module, grid: hpctp.ProcessGrid, axes: tuple[int, ...] | None
+) -> None:
+    """Collective over grid. Forward and backward of ``model`` on the field split over grid axes 0 and 1
+    against ``ref`` on the whole field: the output (in the input's layout) and the input gradient; the
+    parameters' gradients are left summed over ``axes`` (:func:`sync_gradients`) for the caller."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
+    dy = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
+    lay = hpctp.Layout(SHAPE, grid.dims, (None, None, 0, 1))
+    sl = lay.local_slices(grid.coords)
+    block = x[sl].clone().requires_grad_(True)
+    out = model(hpctp.DistTensor(block, grid, lay))
+    assert out.layout == lay
+    (out.local * dy[sl]).sum().backward()
+    sync_gradients(model, grid, axes=axes)
+    leaf = x.clone().requires_grad_(True)
+    want = ref(leaf)
+    (want * dy).sum().backward()
+    assert_allclose(grid, out.local.detach(), want.detach()[sl], rtol=1e-10, atol=1e-12, what="output")
+    assert_allclose(grid, block.grad, leaf.grad[sl], rtol=1e-9, atol=1e-12, what="input gradient")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("attention", "schedule"), [("global", "ring"), ("global", "all_to_all"), ("neighborhood", "ring")]
@@ -46,21 +69,7 @@ def test_vit_forward_backward_matches_single_process(grid2d: hpctp.ProcessGrid, 
         assert_allclose(grid2d, p.detach(), q.detach(), rtol=0, what=f"initial {name}")
     _randomise(model, 11)
     _randomise(ref, 11)
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
-    dy = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
-    lay = hpctp.Layout(SHAPE, grid2d.dims, (None, None, 0, 1))
-    sl = lay.local_slices(grid2d.coords)
-    block = x[sl].clone().requires_grad_(True)
-    out = model(hpctp.DistTensor(block, grid2d, lay))
-    assert out.layout == lay
-    (out.local * dy[sl]).sum().backward()
-    sync_gradients(model, grid2d)
-    leaf = x.clone().requires_grad_(True)
-    want = ref(leaf)
-    (want * dy).sum().backward()
-    assert_allclose(grid2d, out.local.detach(), want.detach()[sl], rtol=1e-10, atol=1e-12, what="output")
-    assert_allclose(grid2d, block.grad, leaf.grad[sl], rtol=1e-9, atol=1e-12, what="input gradient")
+    _compare_forward_backward(model, ref, grid2d, None)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_allclose(grid2d, p.grad, q.grad, rtol=1e-9, atol=1e-12, what=f"gradient of {name}")
 
@@ -110,20 +119,7 @@ def test_vit_heads_split_over_a_tensor_axis(grid3d: hpctp.ProcessGrid) -> None:
     model, ref = build_model(cfg, 2, grid3d, tensor_axis=2), build_model(cfg, 2, None)
     _randomise(ref, 11)
     hpctp.nn.load_global_state_dict(model, ref.state_dict())  # each rank keeps its heads' rows
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
-    dy = torch.randn(*SHAPE, dtype=torch.float64, generator=gen)
-    lay = hpctp.Layout(SHAPE, grid3d.dims, (None, None, 0, 1))
-    sl = lay.local_slices(grid3d.coords)
-    block = x[sl].clone().requires_grad_(True)
-    out = model(hpctp.DistTensor(block, grid3d, lay))
-    (out.local * dy[sl]).sum().backward()
-    sync_gradients(model, grid3d, axes=(0, 1))  # the field's axes; the tensor axis holds whole gradients
-    leaf = x.clone().requires_grad_(True)
-    want = ref(leaf)
-    (want * dy).sum().backward()
-    assert_allclose(grid3d, out.local.detach(), want.detach()[sl], rtol=1e-10, atol=1e-12, what="output")
-    assert_allclose(grid3d, block.grad, leaf.grad[sl], rtol=1e-9, atol=1e-12, what="input gradient")
+    _compare_forward_backward(model, ref, grid3d, (0, 1))  # the tensor axis holds whole gradients
     sharded = 0
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         layout = getattr(p, "hpctp_layout", None)
