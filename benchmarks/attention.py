@@ -7,9 +7,11 @@ Usage::
 
 Every rank runs one torch thread; the single-process references run with as many threads as
 there are ranks (``--threads``) while the ranks sleep. Each part prints a markdown table (rank
-0): medians over ``--rounds`` interleaved rounds (one warm-up call each first; every call is
+0): medians over ``--rounds`` interleaved rounds (one warm-up call each first; every sample is
 timed by its slowest rank), the spread (min-max) beside them; a ratio is the ratio of the
-medians, with the min-max of the per-round ratios.
+medians, with the min-max of the per-round ratios. A sample of part (a) is the mean of
+``--calls`` consecutive calls (a block of a millisecond timed alone measures mostly the switch
+from the previous case: caches, and the ranks' wake-up after the single-process reference).
 
 (a) Forward+backward (loss ``sum(y * g)``, the input's gradient included) of one pre-norm
     transformer block on ``[batch, tokens, embed]`` float32 (heads of ``--head-dim``, MLP
@@ -37,7 +39,10 @@ medians, with the min-max of the per-round ratios.
 
     Memory: each process's peak resident set size (``getrusage`` maxrss) over its RSS once its
     inputs were built, i.e. what forward+backward allocates (outputs, saved tensors, gradients,
-    message buffers, score tiles) as the OS sees it. Part (b) runs first, so nothing earlier
+    message buffers, score tiles) as the OS sees it. Before that baseline every process runs its
+    forward+backward once on a field of 4 x 4 patches per process, so the code pages the kernels
+    touch the first time (several MB of libtorch, the same in every process) and one-time set-up
+    are not counted as the problem's memory. Part (b) runs first, so nothing earlier
     raised the ranks' peaks; each child does nothing else. glibc's malloc may keep freed large
     blocks in its heap (its mmap threshold grows with the blocks freed), which raises a peak
     over the live bytes: ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment fixes the
@@ -98,11 +103,14 @@ def _rounds(cases: dict[str, Callable[[], float]], rounds: int, comm: Any) -> Ti
     return out
 
 
-def _clock(fn: Callable[[], object]) -> Callable[[], float]:
+def _clock(fn: Callable[[], object], calls: int = 1) -> Callable[[], float]:
+    """Local. A case: the mean seconds of ``calls`` consecutive calls of ``fn`` on this rank."""
+
     def run() -> float:
         t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls
 
     return run
 
@@ -143,6 +151,18 @@ def _ring_shape(args: argparse.Namespace) -> tuple[int, ...]:
     return (1, args.ring_heads, args.patches, args.patches, args.ring_head_dim)
 
 
+def _warm_up(
+    run: Callable[[tuple[torch.Tensor, ...]], torch.Tensor], args: argparse.Namespace, dims: tuple[int, ...]
+) -> None:
+    """Local. One forward+backward of ``run`` on a field of 4 x 4 patches per process (``dims``: the grid), so that
+    the code pages of the kernels and one-time set-up (thread pools, message paths) are resident before the memory
+    baseline: the peak over the baseline then counts what the problem allocates, in every process alike."""
+    shape = (1, args.ring_heads, 4 * dims[0], 4 * dims[1], args.ring_head_dim)
+    ranges = [(0, n) for n in shape]
+    tensors = tuple(_normal(shape, ranges, seed, True) for seed in (1, 2, 3))
+    run(tensors).sum().backward()
+
+
 def _reference(args: argparse.Namespace) -> None:
     """The single-process SDPA reference (a child of rank 0, no MPI): answers commands on stdin, one JSON line each.
 
@@ -150,6 +170,12 @@ def _reference(args: argparse.Namespace) -> None:
     torch ran (its autograd node); ``peak``: the peak RSS and the RSS once the inputs were built, MB.
     """
     torch.set_num_threads(args.threads)
+    with sdpa_kernel(SDPBackend.MATH) if args.backend == "math" else contextlib.nullcontext():
+        _warm_up(
+            lambda t: F.scaled_dot_product_attention(t[0].flatten(2, 3), t[1].flatten(2, 3), t[2].flatten(2, 3)),
+            args,
+            (1, 1),
+        )
     shape = _ring_shape(args)
     whole = [(0, n) for n in shape]
     q, k, v = (_normal(shape, whole, seed, True).flatten(2, 3) for seed in (1, 2, 3))
@@ -218,6 +244,14 @@ def _ring_part(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     shape = _ring_shape(args)
     layout = hpctp.Layout(shape, grid.dims, (None, None, 0, 1, None))
     ranges = layout.local_ranges(grid.coords)
+
+    def small_ring(t: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        small = hpctp.Layout(t[0].shape, grid.dims, (None, None, 0, 1, None))
+        box = small.local_slices(grid.coords)
+        dist = (hpctp.DistTensor(x.detach()[box].requires_grad_(), grid, small) for x in t)
+        return attention(*dist, schedule="ring").local
+
+    _warm_up(small_ring, args, grid.dims)
     q, k, v = (_normal(shape, ranges, seed, True) for seed in (1, 2, 3))
     g = _normal(shape, ranges, 4, False)
     base = rss_mb()
@@ -368,16 +402,15 @@ def _block_case(
     def one_process() -> float:
         def run() -> tuple[None, float]:
             torch.set_num_threads(threads)
-            t0 = time.perf_counter()
-            ref()
-            sec = time.perf_counter() - t0
+            sec = _clock(ref, args.calls)()
             torch.set_num_threads(1)
             return None, sec
 
         out = single_process(grid, run)
         return 0.0 if out is None else out[1]
 
-    cases = {"hpctp": _clock(hp), "no comm": _clock(local), "dtensor": _clock(dt), "torch": one_process}
+    n = args.calls
+    cases = {"hpctp": _clock(hp, n), "no comm": _clock(local, n), "dtensor": _clock(dt, n), "torch": one_process}
     times = _rounds(cases, args.rounds, grid.comm)
     # checks (1 thread): outputs and input gradients against the single-process layer
     y_ref = ref().detach()
@@ -393,7 +426,8 @@ def _block_case(
 def _print_blocks(rows: list[dict[str, Any]], args: argparse.Namespace, size: int, threads: int) -> None:
     print(
         f"(a) transformer block, forward+backward, batch {args.batch}, head dim {args.head_dim}, MLP "
-        f"{args.mlp_ratio:g} x embed, GELU, float32; medians of {args.rounds} interleaved rounds (min-max)"
+        f"{args.mlp_ratio:g} x embed, GELU, float32; medians of {args.rounds} interleaved rounds (min-max) of "
+        f"the mean of {args.calls} calls"
     )
     print(
         f"| embed | tokens | heads | hpctp heads split, {size} x 1 | no communication, {size} x 1 | "
@@ -468,6 +502,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ring-head-dim", type=int, default=32)
     p.add_argument("--grid", type=int, nargs=2, default=None, help="grid of part (b) (default: MPI's 2-D choice)")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument(
+        "--calls", type=int, default=10, help="part (a): consecutive calls per timed sample (their mean; default 10)"
+    )
     p.add_argument("--threads", type=int, default=0, help="threads of the single-process runs (default: #ranks)")
     p.add_argument("--no-math", action="store_true", help="skip the reference on SDPA's math backend")
     p.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
@@ -490,6 +527,8 @@ def _sizes(args: argparse.Namespace, size: int) -> list[tuple[int, int]]:
                 f"and the MLP's hidden features divisible by the {size} ranks (DTensor cuts evenly), tokens >= 1"
             )
         out.append((embed, tokens))
+    if args.calls < 1:
+        raise ValueError(f"--calls must be >= 1, got {args.calls}")
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     return out

@@ -51,6 +51,21 @@ def test_conv2d_matches_torch(grid2d: hpctp.ProcessGrid, case: tuple) -> None:
     compare_layer(grid2d, mine, ref, (2, 4, 11, 9), (None, None, 0, 1), params, rparams, skew)
 
 
+@pytest.mark.parametrize("shape, skew", [((2, 4, 11, 9), False), ((2, 4, 11, 9), True), ((1, 4, 2, 5), False)])
+def test_pointwise_conv(grid2d: hpctp.ProcessGrid, shape: tuple, skew: bool) -> None:
+    """A 1x1 convolution equals torch on balanced, uneven and partly empty layouts; on a balanced layout
+    whose blocks all hold cells it runs on the own block alone (no message, forward or backward)."""
+    mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 4, 3, 1)
+    compare_layer(grid2d, mine, ref, shape, (None, None, 0, 1), [mine.weight, mine.bias], [ref.weight, ref.bias], skew)
+    lay = make_layout(grid2d, shape, (None, None, 0, 1), skew=skew)
+    x = global_field(shape, 2)[lay.local_slices(grid2d.coords)].clone().requires_grad_()
+    with hpctp.CommCounter() as cnt:
+        mine(hpctp.DistTensor(x, grid2d, lay)).local.sum().backward()
+    holds_cells = all(min(np.diff(c)) > 0 for c in lay.dim_cuts[2:])
+    if not skew and holds_cells:
+        assert_all(grid2d, cnt.bytes_sent == 0 and not cnt.calls, f"pointwise conv sent {cnt.calls}")
+
+
 def test_conv2d_no_overlap_and_plain_blocks(grid2d: hpctp.ProcessGrid) -> None:
     """overlap=False gives the same result; plain-tensor input infers the (uneven) layout."""
     mine, ref = _pair(torch.nn.Conv2d, Conv2d, grid2d, 2, 3, 3, 2, 1)

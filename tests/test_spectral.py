@@ -11,7 +11,7 @@ from helpers.layers import compare_layer, global_field
 from helpers.layouts import make_layout
 
 import hpctp
-from hpctp.nn import SpectralConv1d, SpectralConv2d, SpectralConv3d
+from hpctp.nn import SpectralConv1d, SpectralConv2d, SpectralConv3d, fourier
 from hpctp.nn._dft import check_modes, forward_matrix, inverse_matrix, kept_modes
 from hpctp.nn.functional import spectral_conv, spectral_conv_fft
 from hpctp.testing import assert_all, assert_allclose, assert_equal
@@ -69,6 +69,19 @@ def test_fft_reference_is_the_fno_layer() -> None:
     of[:, :, :3, :4] = torch.einsum("bixy,ioxy->boxy", xf[:, :, :3, :4], wc[:, :, :3])
     of[:, :, -3:, :4] = torch.einsum("bixy,ioxy->boxy", xf[:, :, -3:, :4], wc[:, :, 3:])
     np.testing.assert_allclose(spectral_conv_fft(x, w).numpy(), torch.fft.irfft2(of, s=(12, 9)).numpy(), rtol=1e-13)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_mode_mix_equals_einsum(monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """The per-mode channel mix, as a broadcast product and as the einsum it replaces (float64)."""
+    gen = torch.Generator().manual_seed(batch)
+    h = torch.randn(batch, 5, 6, 4, dtype=torch.complex128, generator=gen)
+    w = torch.randn(5, 7, 6, 4, dtype=torch.complex128, generator=gen)
+    want = torch.einsum("bi...,io...->bo...", h, w)
+    got = fourier._mix_modes(h, w)
+    assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
+    monkeypatch.setattr(fourier, "_BROADCAST_MIX_MAX", 0)
+    assert torch.equal(fourier._mix_modes(h, w), want)
 
 
 def test_fft_reference_rejects_bad_inputs() -> None:

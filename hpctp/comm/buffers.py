@@ -4,6 +4,7 @@ where the memory allows it (numpy, torch CPU, device memory with CUDA-aware MPI)
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 from .._util.backend import Array, backend_name, byte_view, is_device, is_torch, numpy_dtype
 from .cuda import cuda_aware
 
-__all__ = ["mpi_buffer", "nbytes", "reduction_buffer", "staging_pool", "synchronize"]
+__all__ = ["host_buffer", "mpi_buffer", "nbytes", "reduction_buffer", "staging_pool", "synchronize"]
 
 _pinned: dict[int, list[np.ndarray]] = {}
 
@@ -79,6 +80,30 @@ def _torch_view(x: Any) -> Any:
     if t.is_complex() and t.is_conj():
         t = t.resolve_conj()
     return t
+
+
+def host_buffer(x: Array) -> np.ndarray | None:
+    """Local. ``x`` itself as a numpy array MPI can read and write in place, or None.
+
+    The fast path of hot collectives (an all-reduce per layer call): a C-contiguous numpy
+    array, or a contiguous CPU torch tensor that is neither bfloat16 (MPI cannot add it) nor
+    a lazily conjugated view, needs no context manager. Anything else (device memory,
+    bfloat16, conjugate views, non-contiguous blocks) gives None: use :func:`mpi_buffer` or
+    :func:`reduction_buffer`, which stage, convert or raise.
+    """
+    if type(x) is np.ndarray:
+        return x if x.flags.c_contiguous else None
+    torch = sys.modules.get("torch")
+    if (
+        torch is not None
+        and isinstance(x, torch.Tensor)
+        and x.device.type == "cpu"
+        and x.dtype != torch.bfloat16
+        and not x.is_conj()
+        and x.is_contiguous()
+    ):
+        return x.detach().numpy()
+    return None
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._util.backend import Array
-from .buffers import mpi_buffer, nbytes, reduction_buffer
+from .buffers import host_buffer, mpi_buffer, nbytes, reduction_buffer
 from .counter import record
 
 __all__ = [
@@ -100,8 +100,12 @@ def allreduce(comm: MPI.Intracomm, x: Array, op: str = "sum") -> Array:
     mpi_op = _op(op)
     size = comm.Get_size()
     if size > 1:
-        with reduction_buffer(x, write=True) as buf:
-            comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
+        host = host_buffer(x)  # (the common case without a context manager: a layer's all-reduce per call)
+        if host is not None:
+            comm.Allreduce(MPI.IN_PLACE, host, op=mpi_op)
+        else:
+            with reduction_buffer(x, write=True) as buf:
+                comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
         n = nbytes(x)
         record(comm, "Allreduce", n, n, 1)
     return x

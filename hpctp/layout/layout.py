@@ -197,9 +197,18 @@ class Layout:
         return tuple(0 if g is None else coords[g] for g in self.split)
 
     def local_ranges(self, coords: Sequence[int]) -> tuple[tuple[int, int], ...]:
-        """``(start, stop)`` per tensor dimension of the block held at grid ``coords``."""
-        idx = self.block_index(coords)
-        return tuple((c[i], c[i + 1]) for c, i in zip(self.dim_cuts, idx))
+        """``(start, stop)`` per tensor dimension of the block held at grid ``coords``.
+
+        Remembered per position (a layout is immutable): every DistTensor built on this
+        layout checks its block against them, so layers that run on small blocks pay once.
+        """
+        key = tuple(coords)
+        memo: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = self.__dict__.setdefault("_ranges", {})
+        hit = memo.get(key)
+        if hit is None:
+            idx = self.block_index(coords)
+            hit = memo[key] = tuple((c[i], c[i + 1]) for c, i in zip(self.dim_cuts, idx))
+        return hit
 
     def local_slices(self, coords: Sequence[int]) -> tuple[slice, ...]:
         """Global index slices of the block held at grid ``coords``."""

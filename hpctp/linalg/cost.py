@@ -560,8 +560,9 @@ class AttentionCost:
         Bytes the busiest rank sends (what :class:`hpctp.CommCounter` reports for the ring).
     messages : int
         Messages the busiest rank sends; for the ring, blocks (each travels in up to
-        ``hpctp.nn.context_parallel.RING_PIECES`` pieces forward and twice as many backward, so
-        the latency term undercounts large blocks by that factor: it is small beside the bytes').
+        ``hpctp.nn.context_parallel.RING_PIECES`` pieces forward and ``RING_PIECES_BACKWARD``
+        backward, so the latency term undercounts large blocks by that factor: it is small beside
+        the bytes').
     flops : float
         Flops of the busiest rank.
     comm_time, compute_time, time : float

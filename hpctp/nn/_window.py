@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -281,13 +282,33 @@ def _autocast(field: FieldInput) -> FieldInput:
     return field if block is field.block else dataclasses.replace(field, block=block)
 
 
+@functools.lru_cache(maxsize=256)
+def _pointwise_layout(layout: Layout, windows: tuple[DimWindow, ...], channels: int) -> Layout | None:
+    """The output layout of a pointwise window op (every window one cell, stride 1, no padding) on a balanced
+    ``layout`` (the output blocks are then :func:`windowed`'s) with ``channels`` channels, where every rank's
+    block holds cells (torch's convolutions reject empty ones); else None. Global: the same verdict on every
+    rank, cached per layout (no Layout built per call)."""
+    if any(w != DimWindow(1, 1, 0, 0, w.size) for w in windows) or not layout.is_balanced:
+        return None
+    if any(min(np.diff(c), default=0) <= 0 for c in layout.dim_cuts[:1] + layout.dim_cuts[2:]):
+        return None
+    return Layout((layout.global_shape[0], channels, *layout.global_shape[2:]), layout.grid_dims, layout.split)
+
+
 def conv(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec, overlap: bool) -> Any:
-    """Collective over grid. This rank's block of the global ``convNd`` of ``spec``, in the input's kind."""
+    """Collective over grid. This rank's block of the global ``convNd`` of ``spec``, in the input's kind.
+
+    A pointwise convolution (1x1, stride 1, no padding) on blocks that all hold cells needs no neighbour's
+    cell: it runs on the own block alone, with no message and no window bookkeeping per call.
+    """
     field = _autocast(field)
     _check_weights(field, weight, bias, spec)
     windows = spec.windows(field.global_layout.global_shape[2:], weight.shape[2:])
     fn = (F.conv1d, F.conv2d, F.conv3d)[spec.nd - 1]
     s, dil, groups = spec.stride, spec.dilation, spec.groups
+    pointwise = _pointwise_layout(field.global_layout, tuple(windows), int(weight.shape[0]))
+    if pointwise is not None:
+        return field.wrap(fn(field.block, weight, bias, 1, 0, 1, groups), pointwise)
 
     def op(inp: torch.Tensor, box: tuple[slice, ...], pad: tuple[int, ...]) -> torch.Tensor:
         return fn(inp, weight, bias, s, pad, dil, groups)

@@ -600,6 +600,25 @@ class MultiheadAttention(torch.nn.Module):
         cuts: Sequence[Sequence[int]] | None = token_cuts
         if cuts is None or not self.sequence_parallel or isinstance(query, DistTensor):
             cuts = self.agree(query, key, value, attn_mask, key_padding_mask, is_causal, need_weights)
+        return self.forward_agreed(query, key, value, attn_mask, key_padding_mask, is_causal, cuts)
+
+    def forward_agreed(
+        self, query: torch.Tensor | DistTensor, key: torch.Tensor | DistTensor, value: torch.Tensor | DistTensor,
+        attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, is_causal: bool,
+        cuts: Sequence[Sequence[int]] | None,
+    ) -> tuple[torch.Tensor | DistTensor, None]:  # fmt: skip
+        """Collective over the ranks of ``axis`` (over grid with ``schedule``). :meth:`forward` on arguments
+        :meth:`agree` accepted and returned ``cuts`` for, without validating them again.
+
+        A caller that validated its own input (e.g. :class:`~hpctp.nn.TransformerBlock`, before its
+        norm) skips the second check of every call. Arguments as for :meth:`forward` (``key`` and
+        ``value`` given); ``cuts`` is what :meth:`agree` returned.
+
+        Returns
+        -------
+        (torch.Tensor or DistTensor, None)
+            As :meth:`forward`.
+        """
         if isinstance(query, DistTensor) and isinstance(key, DistTensor) and isinstance(value, DistTensor):
             if self.schedule is not None:
                 return query.with_local(self._context_forward(query, key, value, is_causal)), None

@@ -8,7 +8,7 @@ flattened tokens (row-major, ``x.flatten(2, -2)``), in the queries' layout.
 **Ring** (:mod:`hpctp.layout.ring` plans it): the ranks that share every non-token coordinate
 (the token sub-grid: all ranks that split the tokens, over one axis or several) pass K/V
 blocks around one ring, row-major over the sub-grid. A block travels in pieces (at most
-:data:`RING_PIECES`, twice as many in backward, each of at least :data:`KEY_TILE_MIN` keys), and the ring
+:data:`RING_PIECES`, :data:`RING_PIECES_BACKWARD` in backward, each of at least :data:`KEY_TILE_MIN` keys), and the ring
 runs piece by piece:
 piece 0 of every step's block, then piece 1, and so on, so a piece reaches the successor one unit after
 this rank used it. Per piece a rank waits for it (its own keys at step 0), sends it on (unless the successor
@@ -78,6 +78,7 @@ __all__ = [
     "MASK_ELEMENTS",
     "RING_GRAD_TAG",
     "RING_PIECES",
+    "RING_PIECES_BACKWARD",
     "RING_TAG",
     "SCORE_TILE_ELEMENTS",
     "attention",
@@ -97,10 +98,13 @@ FLASH_BLOCKS = True
 v, no empty block); else (and with False) in key tiles."""
 MASK_ELEMENTS = 1 << 16
 """Most (query, key) pairs of one float mask (the flash path's pieces of partly visible blocks off a diagonal)."""
-RING_PIECES = 4
-"""Most pieces a K/V block travels the ring in (each of at least :data:`KEY_TILE_MIN` keys), forward; backward
-twice as many (it holds dK/dV pieces too, and its longer kernels hide the cost of more calls): a rank holds its
-own block and a few pieces in flight, not whole blocks."""
+RING_PIECES = 2
+"""Most pieces a K/V block travels the ring in (each of at least :data:`KEY_TILE_MIN` keys), forward: a rank
+holds its own block and a few pieces in flight, not whole blocks. Each piece is one more kernel call and one more
+merge of the running output: 2 cost 2 % of the forward's time over 1, 4 cost 6 % (64 x 64 patches, 2 ranks)."""
+RING_PIECES_BACKWARD = 8
+"""As :data:`RING_PIECES`, backward: it holds dK/dV pieces too (its peak is the pass's peak), and its longer
+kernels hide the cost of more calls."""
 CAUSAL_RUN_MIN = 16
 """Fewest queries of a diagonal run (each sees one key more than the one before) attended with the flash
 kernel's own causal mask; shorter runs take a float mask."""
@@ -894,7 +898,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
         want_kv = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
-        units = _units(ctx.plan, 2 * RING_PIECES)
+        units = _units(ctx.plan, RING_PIECES_BACKWARD)
         pieces = _flash_pieces(ctx.plan, units) if ctx.flash else None
         with autocast_off(q):
             dq, dk, dv = _ring_backward(

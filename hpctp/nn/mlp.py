@@ -176,8 +176,19 @@ class ParallelMLP(torch.nn.Module):
         TypeError, ValueError
             On an invalid input, on every rank of ``axis``.
         """
-        comm = self.grid.sub(self.axis)
         cuts = tuple(token_cuts) if token_cuts is not None and self.sequence_parallel else self.agree(x)
+        return self.forward_agreed(x, cuts)
+
+    def forward_agreed(self, x: torch.Tensor, cuts: tuple[int, ...] | None) -> torch.Tensor:
+        """Collective over the ranks of ``axis``. :meth:`forward` on an input :meth:`agree` accepted and
+        returned ``cuts`` for (the token cuts, or None), without validating it again.
+
+        Returns
+        -------
+        torch.Tensor
+            As :meth:`forward`.
+        """
+        comm = self.grid.sub(self.axis)
         x = autocast_input(x)  # (autocast: the gathered tokens travel in its dtype)
         y = leave_parallel_region(self.inner(enter_parallel_region(x, comm, cuts)), comm, cuts)
         return y + self.linear2.bias.to(y.dtype) if self.linear2.bias is not None else y

@@ -56,10 +56,10 @@ __all__ = ["TransformerBlock", "ATTENTION_KINDS", "NORMS"]
 #: tokens it holds; :class:`~hpctp.nn.MultiheadAttention` split over heads), and ``"ring"``,
 #: ``"all_to_all"``, ``"auto"``: the same heads split, attending over tokens split across the
 #: other grid axes with that schedule of :func:`hpctp.nn.functional.attention` (DistTensor inputs).
-#: Another kind plugs in through :func:`_attention_layer`: a module called as ``attn(h,
-#: attn_mask=..., key_padding_mask=..., is_causal=..., token_cuts=...) -> (y, None)`` with ``h`` and
-#: ``y`` in the block's token layout (torch.Tensor blocks, or DistTensors in, DistTensors out),
-#: with an ``agree(h, h, h, attn_mask, key_padding_mask, is_causal)`` returning the token cuts.
+#: Another kind plugs in through :func:`_attention_layer`: a module with an ``agree(h, h, h, attn_mask,
+#: key_padding_mask, is_causal)`` returning the token cuts and a ``forward_agreed(h, h, h, attn_mask,
+#: key_padding_mask, is_causal, cuts) -> (y, None)`` with ``h`` and ``y`` in the block's token layout
+#: (torch.Tensor blocks, or DistTensors in, DistTensors out).
 ATTENTION_KINDS = ("heads", "ring", "all_to_all", "auto")
 
 NORMS: dict[str, type[LayerNorm] | type[RMSNorm]] = {"layer": LayerNorm, "rms": RMSNorm}
@@ -81,6 +81,11 @@ def _attention_layer(kind: str, embed_dim: int, num_heads: int, grid: ProcessGri
             )
         return MultiheadAttention(embed_dim, num_heads, grid, schedule=kind, **kwargs)
     raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
+
+
+def _block(t: torch.Tensor | DistTensor) -> torch.Tensor:
+    """Local. This rank's block of a sublayer's output (a DistTensor's, or the tensor itself)."""
+    return t.local if isinstance(t, DistTensor) else t
 
 
 def _renamed(state: dict[str, Any], prefixes: Sequence[tuple[str, str]]) -> dict[str, Any]:
@@ -261,21 +266,20 @@ class TransformerBlock(torch.nn.Module):
             or over other axes without ``attention="ring"``; a torch.Tensor with ``"ring"``.
         """
         # before the norm, which checks only locally: an input wrong on one rank raises on all of the axis
-        # (without sequence parallelism, or for a DistTensor, the verdict is cached: the sublayers' own
-        # checks then cost nothing)
+        # (without sequence parallelism, or for a DistTensor, the verdict is cached); the sublayers then run
+        # on these agreed arguments without checking them again
         cuts = self.self_attn.agree(x, x, x, attn_mask, key_padding_mask, is_causal)
+        mlp_cuts = None if cuts is None else tuple(cuts[0])
         if isinstance(x, DistTensor):
             hd = x.with_local(self.norm1(x.local))
-            ad, _ = self.self_attn(hd, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
-            y = x.local + self._drop(ad.local)
-            md = self.mlp(self.norm2(y), token_cuts=None if cuts is None else cuts[0])
+            ad, _ = self.self_attn.forward_agreed(hd, hd, hd, attn_mask, key_padding_mask, is_causal, cuts)
+            y = x.local + self._drop(_block(ad))
+            md = self.mlp.forward_agreed(self.norm2(y), mlp_cuts)
             return x.with_local(y + self._drop(md))
         h = self.norm1(x)
-        a, _ = self.self_attn(
-            h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, token_cuts=cuts
-        )
-        x = x + self._drop(a)
-        m = self.mlp(self.norm2(x), token_cuts=None if cuts is None else cuts[0])
+        a, _ = self.self_attn.forward_agreed(h, h, h, attn_mask, key_padding_mask, is_causal, cuts)
+        x = x + self._drop(_block(a))
+        m = self.mlp.forward_agreed(self.norm2(x), mlp_cuts)
         return x + self._drop(m)
 
     def extra_repr(self) -> str:
