@@ -155,8 +155,10 @@ def test_speedup_measures_gray_scott(grid2d: hpctp.ProcessGrid, tmp_path_factory
     rows = result["rows"]
     assert_all(grid2d, [r["size"] for r in rows] == [(12, 12), (24, 24)], f"sizes {[r['size'] for r in rows]}")
     ok = all(r["speedup"] > 0 and r["solver_s"] > 0 and r["surrogate_s"] > 0 for r in rows)
+    ok = ok and all(r["chain_speedup"] == r["chain_solver_s"] / r["chain_surrogate_s"] > 0 for r in rows)
     assert_all(grid2d, ok and all(math.isfinite(r["one_step_error"]) for r in rows), f"rows {rows}")
     assert_all(grid2d, all(r["solver_steps"] == 20 for r in rows), "one surrogate step = horizon x snapshot_every")
+    assert_all(grid2d, result["chain"] == 5, f"chain {result['chain']}")
     with h5py.File(path, "r") as f:
         x, y = np.asarray(f["fields"][2]), np.asarray(f["fields"][3])
     with torch.no_grad():

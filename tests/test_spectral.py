@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers.layers import compare_layer, global_field
 from helpers.layouts import make_layout
+from mpi4py import MPI
 
 import hpctp
 from hpctp.nn import SpectralConv1d, SpectralConv2d, SpectralConv3d, fourier
@@ -82,6 +83,26 @@ def test_mode_mix_equals_einsum(monkeypatch: pytest.MonkeyPatch, batch: int) -> 
     assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
     monkeypatch.setattr(fourier, "_BROADCAST_MIX_MAX", 0)
     assert torch.equal(fourier._mix_modes(h, w), want)
+
+
+@pytest.mark.parametrize("fft_max_points", [0, 10**9])
+def test_whole_field_dft_and_fft_paths(monkeypatch: pytest.MonkeyPatch, fft_max_points: int) -> None:
+    """A field whole on one rank goes through torch's FFTs (small fields) or the truncated DFTs (large ones):
+    both equal the reference, forward and gradients (float64)."""
+    monkeypatch.setattr(fourier, "_FFT_MAX_POINTS", fft_max_points)
+    grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
+    w = _weight(3, 2, (6, 4), 5).requires_grad_()
+    x = torch.randn(2, 3, 12, 9, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    g = torch.randn(2, 2, 12, 9, dtype=F64, generator=torch.Generator().manual_seed(5))
+    y = spectral_conv(x, w, grid=grid, split=(0, 1))
+    (y * g).sum().backward()
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    r = spectral_conv_fft(x, w)
+    (r * g).sum().backward()
+    for got, want in ((y, r), (gx, x.grad), (gw, w.grad)):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-13)
+    grid.free()
 
 
 def test_fft_reference_rejects_bad_inputs() -> None:

@@ -139,9 +139,7 @@ def test_init_independent_of_grid_and_rms_norm(grid1d):  # type: ignore[no-untyp
 
 @pytest.mark.mpi
 def test_errors(grid1d):  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match="ring"):  # (ring attention: tests/test_transformer_dist.py)
-        TransformerBlock(E, H, RATIO, grid1d, attention="ring", sequence_parallel=True)
-    with pytest.raises(ValueError, match="attention"):
+    with pytest.raises(ValueError, match="attention"):  # (ring attention's errors: tests/test_transformer_dist.py)
         TransformerBlock(E, H, RATIO, grid1d, attention="sparse")
     with pytest.raises(ValueError, match="mlp_ratio"):
         TransformerBlock(E, H, 0.01, grid1d)

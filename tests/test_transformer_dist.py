@@ -188,6 +188,31 @@ def test_ring_block_2d_field_matches_torch(grid3d):  # type: ignore[no-untyped-d
 
 
 @pytest.mark.mpi
+def test_ring_block_sequence_parallel_matches_torch(grid2d):  # type: ignore[no-untyped-def]
+    """Sequence parallelism with the ring: a 4 x 5 patch field's columns split over the heads' axis (uneven
+    cuts: empty blocks on 3-6 ranks of an axis) and its rows over the other axis, both ways round; and a causal
+    sequence split over the heads' axis, the batch over the other (its ring over one rank)."""
+    X = normal((2, 4, 5, E), 6)
+    for axis in range(2):
+        block = TransformerBlock(
+            E, H, RATIO, grid2d, axis=axis, attention="ring", sequence_parallel=True, seed=8, dtype=F64
+        )
+        split = (None, _other(grid2d, axis)[0], axis, None)
+        _compare_block(grid2d, block, X, split, f"field axis={axis}", uneven=(2,))
+        x, _ = _dist(grid2d, X, split, uneven=(2,))
+        block(x).local.sum().backward()  # (the layout agreed)
+        with CommCounter() as fwd:
+            block(x)
+        if grid2d.dims[axis] > 1:  # each region gathers the tokens over the heads' axis and scatters its output
+            calls = {k: fwd.calls.get(k, 0) for k in ("Allgatherv", "Alltoallv", "Allreduce")}
+            want = {"Allgatherv": 2, "Alltoallv": 2, "Allreduce": 0}
+            assert_all(grid2d, calls == want, f"axis={axis} forward calls {fwd.calls}")
+    block = TransformerBlock(E, H, RATIO, grid2d, axis=0, attention="ring", sequence_parallel=True, seed=9, dtype=F64)
+    seq = (1 if grid2d.dims[1] > 1 else None, 0, None)
+    _compare_block(grid2d, block, normal((B, T, E), 1), seq, "causal sequence", uneven=(1,), masks=(None, None, True))
+
+
+@pytest.mark.mpi
 def test_ring_block_bytes(grid2d):  # type: ignore[no-untyped-def]
     """Each K/V block once per pass around the ring (backward: again, and every block's dK/dV once), plus
     one all-reduce of [batch, tokens, E] over the heads' axis per region and direction; the busiest rank's
@@ -254,10 +279,6 @@ def test_dist_errors(grid2d):  # type: ignore[no-untyped-def]
     X = normal((B, T, E), 1)
     heads = TransformerBlock(E, H, RATIO, grid2d, axis=0, dtype=F64)
     ring = TransformerBlock(E, H, RATIO, grid2d, axis=0, attention="ring", dtype=F64)
-    with pytest.raises(ValueError, match="sequence_parallel"):
-        TransformerBlock(E, H, RATIO, grid2d, attention="ring", sequence_parallel=True)
-    with pytest.raises(ValueError, match="sequence_parallel"):
-        MultiheadAttention(E, H, grid2d, schedule="ring", sequence_parallel=True)
     with pytest.raises(ValueError, match="schedule"):
         MultiheadAttention(E, H, grid2d, schedule="tree")
     with pytest.raises(TypeError, match="DistTensor"):
@@ -283,6 +304,9 @@ def test_dist_errors(grid2d):  # type: ignore[no-untyped-def]
             heads(_dist(grid2d, X, (0, None, None))[0])
         with pytest.raises(ValueError, match="split the tokens over the other grid axes"):
             ring(_dist(grid2d, X, (None, 0, None))[0])
+        ring_sp = TransformerBlock(E, H, RATIO, grid2d, axis=0, attention="ring", sequence_parallel=True, dtype=F64)
+        with pytest.raises(ValueError, match="one of query's token dims must be split over grid axis 0"):
+            ring_sp(_dist(grid2d, X, (None, None, None))[0])
         with pytest.raises(ValueError, match="embedding"):
             heads(_dist(grid2d, X, (None, None, 0))[0])
         sp = TransformerBlock(E, H, RATIO, grid2d, axis=0, sequence_parallel=True, dtype=F64)

@@ -1,7 +1,7 @@
 """What the surrogate saves: the solver's time for one surrogate step against one surrogate prediction,
 in one run on the same ranks and the same field, and the rollout error at which that speed-up holds.
 
-``mpiexec -n P python -m apps.surrogate.speedup [--config C] [--set K=V] [--sizes 256] [--reps 7]``
+``mpiexec -n P python -m apps.surrogate.speedup [--config C] [--set K=V] [--sizes 256] [--reps 7] [--chain 5]``
 
 For each field size (the config's, then each of ``--sizes``, square):
 
@@ -14,7 +14,10 @@ For each field size (the config's, then each of ``--sizes``, square):
 Both start from a held-out snapshot of the data (at a larger size: the snapshot tiled periodically for
 Gray-Scott, whose grid spacing is fixed, or interpolated spectrally for Navier-Stokes, whose domain is the
 unit square), are warmed up once, then timed in interleaved repeats, each by its slowest rank after a
-barrier; the table shows the medians and their ratio. The surrogate's weights come from the trained
+barrier; the table shows the medians and their ratio. Each is timed once more ``--chain`` steps in a row
+(the surrogate fed its own outputs, as in a rollout), per step: one step alone runs right after the other
+side's step, with the caches holding that one's data, which costs a small model more than the solver. The
+surrogate's weights come from the trained
 checkpoint at every size (the FNO's, CNN's and U-Net's weights do not depend on the field size), or are
 the untrained initial ones with ``--untrained``. Beside each size: the relative L2 error of one surrogate
 step against this solver's step from the same state. Then, at the config's size, the rollout errors
@@ -159,14 +162,27 @@ def _model_input(field: np.ndarray, grid: hpctp.ProcessGrid, dtype: torch.dtype)
     return hpctp.DistTensor(block, grid, layout)
 
 
-def _predictor(model: torch.nn.Module, x: hpctp.DistTensor) -> Callable[[], object]:
-    """One surrogate prediction of ``x`` (forward, no grad)."""
+def _predictor(model: torch.nn.Module, x: hpctp.DistTensor, steps: int = 1) -> Callable[[], object]:
+    """``steps`` surrogate predictions from ``x``, each fed the previous one's output (forward, no grad)."""
 
     def predict() -> object:
+        y = x
         with torch.no_grad():
-            return model(x)
+            for _ in range(steps):
+                y = model(y)
+        return y
 
     return predict
+
+
+def _advancer(solver: SolverStep, steps: int) -> Callable[[], None]:
+    """The solver advancing ``steps`` surrogate steps in a row."""
+
+    def advance() -> None:
+        for _ in range(steps):
+            solver.advance()
+
+    return advance
 
 
 def _start_index(n: int, cfg: dict[str, Any]) -> int:
@@ -183,9 +199,15 @@ def measure(
     sizes: Sequence[int] = (),
     reps: int = 7,
     leads: Sequence[int] = (1, 5, 10),
+    chain: int = 5,
 ) -> dict[str, Any]:
     """Collective over grid. Time the solver and the surrogate per surrogate step at the config's size and
     at each square size of ``sizes``; roll out to the largest of ``leads`` at the config's size.
+
+    Each size is timed two ways, interleaved: one surrogate step alone (the solver's step, then one
+    prediction, each right after the other's: caches hold the other's data), and ``chain`` steps in a row
+    (the solver ``chain`` surrogate steps, the surrogate ``chain`` predictions each fed the last one's
+    output, as in a rollout: each in its steady state), per step.
 
     Parameters
     ----------
@@ -204,21 +226,26 @@ def measure(
         Timed repeats (after one warm-up).
     leads : sequence of int
         Rollout leads reported (the rollout runs to the largest the data allows).
+    chain : int
+        Steps in a row of the second timing.
 
     Returns
     -------
     dict
-        ``rows`` (per size: ``size``, ``solver_s``, ``surrogate_s``, ``speedup``, ``solver_steps``,
-        ``one_step_error``), ``rollout`` (a :class:`~apps.surrogate.rollout.Rollout` or None), ``leads``,
-        ``what`` (the solver), ``reps``; the same on every rank.
+        ``rows`` (per size: ``size``, ``solver_s``, ``surrogate_s``, ``speedup``, ``chain_solver_s``,
+        ``chain_surrogate_s``, ``chain_speedup`` (seconds per step), ``solver_steps``, ``one_step_error``),
+        ``rollout`` (a :class:`~apps.surrogate.rollout.Rollout` or None), ``leads``, ``what`` (the solver),
+        ``reps``, ``chain``; the same on every rank.
 
     Raises
     ------
     ValueError
-        If ``reps < 1`` or a size cannot be made from the stored field (see :func:`resize_field`).
+        If ``reps < 1``, ``chain < 1`` or a size cannot be made from the stored field (see :func:`resize_field`).
     """
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
+    if chain < 1:
+        raise ValueError(f"chain must be >= 1, got {chain}")
     pde = str(cfg["simulation"].get("pde", "grayscott"))
     with h5py.File(data, "r") as f:  # every rank: one small snapshot, whole
         n = int(f[FIELDS].shape[0])
@@ -244,26 +271,35 @@ def measure(
         solver.advance()
         truth = solver.current()
         err = float(relative_l2_error(pred.local[0].double(), torch.as_tensor(truth.local).double(), grid))
-        t_solver, t_model = [], []
-        predict = _predictor(model, x)
+        t_solver, t_model, c_solver, c_model = [], [], [], []
+        predict, predict_chain = _predictor(model, x), _predictor(model, x, chain)
+        advance_chain = _advancer(solver, chain)
+        predict_chain()  # (warm-up of the chain's later inputs)
         for _ in range(reps):
             t_solver.append(_timed(solver.advance, grid))
             t_model.append(_timed(predict, grid))
+            c_solver.append(_timed(advance_chain, grid) / chain)
+            c_model.append(_timed(predict_chain, grid) / chain)
         solver.close()
         a, b = statistics.median(t_solver), statistics.median(t_model)
+        ca, cb = statistics.median(c_solver), statistics.median(c_model)
         rows.append(
             {
                 "size": shape,
                 "solver_s": a,
                 "surrogate_s": b,
                 "speedup": a / b,
+                "chain_solver_s": ca,
+                "chain_surrogate_s": cb,
+                "chain_speedup": ca / cb,
                 "solver_steps": float(np.mean(solver.taken[1:])),
                 "one_step_error": err,
             }
         )
         log.info(
-            "%dx%d: solver %.2f ms per surrogate step (%.0f steps), surrogate %.2f ms, speed-up %.1fx",
-            shape[0], shape[1], 1e3 * a, rows[-1]["solver_steps"], 1e3 * b, a / b,
+            "%dx%d: solver %.2f ms per surrogate step (%.0f steps), surrogate %.2f ms, speed-up %.1fx "
+            "(%d in a row: %.2f ms vs %.2f ms per step, %.1fx)",
+            shape[0], shape[1], 1e3 * a, rows[-1]["solver_steps"], 1e3 * b, a / b, chain, 1e3 * ca, 1e3 * cb, ca / cb,
         )  # fmt: skip
         if shape == (h, w):
             native_model = model
@@ -272,7 +308,8 @@ def measure(
     steps = min(max(leads), longest) if leads else 0
     if native_model is not None and steps >= 1:
         roll = rollout(native_model, data, cfg, grid, steps, keep_frames=False)
-    return {"rows": rows, "rollout": roll, "leads": [k for k in leads if k <= steps], "what": what, "reps": reps}
+    kept = [k for k in leads if k <= steps]
+    return {"rows": rows, "rollout": roll, "leads": kept, "what": what, "reps": reps, "chain": chain}
 
 
 def format_report(result: dict[str, Any], cfg: dict[str, Any], grid: hpctp.ProcessGrid, trained: bool) -> str:
@@ -285,13 +322,15 @@ def format_report(result: dict[str, Any], cfg: dict[str, Any], grid: hpctp.Proce
         f"{grid.size} rank(s) (grid {'x'.join(map(str, grid.dims))}), {threads} thread(s) per rank; medians of "
         f"{result['reps']} interleaved repeats after a warm-up, each timed on its slowest rank",
         "",
-        "| field | solver: one surrogate step | solver steps | surrogate: one prediction | speed-up | one-step error vs solver |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| field | solver: one surrogate step | solver steps | surrogate: one prediction | speed-up | "
+        f"{result['chain']} steps in a row, per step: solver | surrogate | speed-up | one-step error vs solver |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['size'][0]}x{r['size'][1]} | {1e3 * r['solver_s']:.2f} ms | {r['solver_steps']:.0f} | "
-            f"{1e3 * r['surrogate_s']:.2f} ms | {r['speedup']:.1f}x | {r['one_step_error']:.4f} |"
+            f"{1e3 * r['surrogate_s']:.2f} ms | {r['speedup']:.1f}x | {1e3 * r['chain_solver_s']:.2f} ms | "
+            f"{1e3 * r['chain_surrogate_s']:.2f} ms | {r['chain_speedup']:.1f}x | {r['one_step_error']:.4f} |"
         )
     roll = result["rollout"]
     if roll is not None:
@@ -311,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="*", default=[], help="extra square field sizes, e.g. 256")
     p.add_argument("--reps", type=int, default=7, help="timed repeats of each (after one warm-up)")
     p.add_argument("--leads", default="1,5,10", help="rollout leads to report (comma-separated)")
+    p.add_argument("--chain", type=int, default=5, help="steps in a row of the second timing (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -334,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = FileNotFoundError(f"{checkpoint} not found: train first, or pass --untrained")
     hpctp.comm.raise_if_any(grid.comm, error)
     leads = [int(k) for k in args.leads.split(",") if k.strip()]
-    result = measure(cfg, data, checkpoint, grid, log, args.sizes, args.reps, leads)
+    result = measure(cfg, data, checkpoint, grid, log, args.sizes, args.reps, leads, args.chain)
     if grid.rank == 0:
         print(format_report(result, cfg, grid, checkpoint is not None), flush=True)
     grid.free()

@@ -138,8 +138,10 @@ class MultiheadAttention(torch.nn.Module):
         None: every rank attends over all the tokens it holds (the tokens whole, or split over
         ``axis`` with ``sequence_parallel``). Else the schedule of
         :func:`hpctp.nn.functional.attention` over the tokens of DistTensor inputs split over
-        other grid axes (exact attention over all of them); needs DistTensor inputs, no masks
-        (``is_causal`` with one token dim) and no ``sequence_parallel``.
+        other grid axes (exact attention over all of them); needs DistTensor inputs and no masks
+        (``is_causal`` with one token dim). With ``sequence_parallel`` one token dim is also split
+        over ``axis``: each rank gathers it over ``axis`` on entering (all-gather; backward
+        reduce-scatter) and keeps its block of the output (reduce-scatter; backward all-gather).
     seed : int
     dtype : torch.dtype
     device : torch.device or str, optional
@@ -149,8 +151,8 @@ class MultiheadAttention(torch.nn.Module):
     TypeError
         If ``grid`` is not a ProcessGrid.
     ValueError
-        On non-positive sizes, ``num_heads`` not dividing ``embed_dim``, a bad ``axis``, an
-        unknown ``schedule``, or ``schedule`` with ``sequence_parallel``.
+        On non-positive sizes, ``num_heads`` not dividing ``embed_dim``, a bad ``axis`` or an
+        unknown ``schedule``.
     """
 
     in_proj_weight: torch.nn.Parameter
@@ -170,11 +172,6 @@ class MultiheadAttention(torch.nn.Module):
             raise ValueError(f"axis={axis!r} is not an axis of the {grid.ndim}-D grid {grid.dims}")
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-        if schedule is not None and sequence_parallel:
-            raise ValueError(
-                f"schedule={schedule!r} (attention over tokens split across the other grid axes) does not combine "
-                f"with sequence_parallel=True (tokens split over the heads' axis {axis}); pass one of them"
-            )
         self.schedule = schedule
         self.embed_dim, self.num_heads, self.axis = int(embed_dim), int(num_heads), int(axis)
         self.head_dim = self.embed_dim // self.num_heads
@@ -368,10 +365,11 @@ class MultiheadAttention(torch.nn.Module):
                 g = t.split[d]
                 if not self._divided(g):
                     continue
-                if g == ax and ring:
+                if g == ax and ring and not self.sequence_parallel:
                     return ValueError(
                         f"{what}: {name}'s tokens (dim {d}) are split over grid axis {ax}, which splits the heads "
-                        f"(schedule={self.schedule!r}); split the tokens over the other grid axes"
+                        f"(schedule={self.schedule!r}); split the tokens over the other grid axes, or build the "
+                        f"layer with sequence_parallel=True"
                     ), ()
                 if g == ax and not self.sequence_parallel:
                     return ValueError(
@@ -386,10 +384,15 @@ class MultiheadAttention(torch.nn.Module):
                         f"only); use schedule='ring' (TransformerBlock(attention='ring')) for tokens split over other "
                         f"axes, or redistribute"
                     ), ()
-            if self.sequence_parallel and self._divided(ax) and t.split[1] != ax:
+            if self.sequence_parallel and self._divided(ax) and not ring and t.split[1] != ax:
                 return ValueError(
                     f"{what}: with sequence_parallel=True {name}'s tokens (dim 1) must be split over grid axis {ax}, "
                     f"got {t.layout}"
+                ), ()
+            if self.sequence_parallel and self._divided(ax) and ring and ax not in t.split[1:-1]:
+                return ValueError(
+                    f"{what}: with sequence_parallel=True one of {name}'s token dims must be split over grid axis "
+                    f"{ax} (the heads' axis), got {t.layout}"
                 ), ()
         k, v = tensors[1], tensors[2]
         if ring and not (k.split == q.split and v.split == q.split and k.ndim == q.ndim):
@@ -651,8 +654,8 @@ class MultiheadAttention(torch.nn.Module):
         lay = x.layout
         split: list[int | None] = []
         cuts: list[tuple[int, ...] | None] = []
-        for d in range(x.ndim - 1):
-            g = lay.split[d] if self._divided(lay.split[d]) else None
+        for d in range(x.ndim - 1):  # (a token dim split over axis is gathered before: whole here)
+            g = lay.split[d] if self._divided(lay.split[d]) and lay.split[d] != self.axis else None
             split.append(g)
             cuts.append(None if g is None else lay.dim_cuts[d])
         heads = self.axis if self._divided(self.axis) else None
@@ -661,16 +664,25 @@ class MultiheadAttention(torch.nn.Module):
         shape = (x.global_shape[0], self.num_heads, *x.global_shape[1:-1], self.head_dim)
         return Layout(shape, self.grid.dims, (*split, None), (*cuts, None))
 
+    def _sequence_dim(self, x: DistTensor) -> int | None:
+        """Local. With sequence parallelism, the token dim of ``x`` split over ``axis`` (when it divides), else None."""
+        if not self.sequence_parallel or not self._divided(self.axis):
+            return None
+        return next((d for d in range(1, x.ndim - 1) if x.split[d] == self.axis), None)
+
     def _context_forward(self, query: DistTensor, key: DistTensor, value: DistTensor, is_causal: bool) -> torch.Tensor:
         """Collective over grid. This rank's output block with the tokens split over the other grid axes."""
         comm = self.grid.sub(self.axis)
         hl, d, e = self.heads[1] - self.heads[0], self.head_dim, self.embed_dim
         w, bias = self.in_proj_weight, self.in_proj_bias
         entered: dict[int, torch.Tensor] = {}  # each distinct input enters once (one all-reduce backward each)
+        sp = self._sequence_dim(query)  # the token dim split over axis (sequence parallelism), if any
 
         def enter(t: DistTensor) -> torch.Tensor:
             if id(t) not in entered:
-                entered[id(t)] = enter_parallel_region(autocast_input(t.local), comm)
+                block = autocast_input(t.local)
+                cuts = None if sp is None else t.layout.dim_cuts[sp]
+                entered[id(t)] = enter_parallel_region(block, comm, cuts, dim=sp if sp is not None else 1)
             return entered[id(t)]
 
         def heads_first(t: torch.Tensor) -> torch.Tensor:  # [b, *tokens, hl * d] -> [b, hl, *tokens, d]
@@ -689,7 +701,10 @@ class MultiheadAttention(torch.nn.Module):
         dq, dk, dv = (DistTensor(p, self.grid, self._head_layout(t)) for p, t in zip(parts, (query, key, value)))
         o = context_attention(dq, dk, dv, causal=is_causal, schedule=str(self.schedule)).local
         o = o.movedim(1, -2).flatten(-2)  # [b, *tokens, hl * d]
-        y = leave_parallel_region(self.out_proj.partial_forward(o), comm)
+        if sp is None:
+            y = leave_parallel_region(self.out_proj.partial_forward(o), comm)
+        else:  # this rank's token block of the sum
+            y = leave_parallel_region(self.out_proj.partial_forward(o), comm, query.layout.dim_cuts[sp], dim=sp)
         if self.out_proj.bias is not None:
             y = y + self.out_proj.bias.to(y.dtype)
         return y

@@ -25,7 +25,9 @@ axes *other than* ``axis``: the heads stay split over ``axis`` (column-parallel 
 whole heads), each rank's heads attend over all the tokens of the grid (K/V blocks travel a
 ring over the token axes, or move all-to-all), the output projection is row-parallel (one
 all-reduce over ``axis``), and the norms, residuals and the MLP are per token (local, the
-MLP's one all-reduce over ``axis``).
+MLP's one all-reduce over ``axis``). With sequence parallelism as well, one token dim is also
+split over ``axis`` between the regions: each region gathers it over ``axis`` on entering and
+reduce-scatters its output (the MLP, per token, on the flattened token blocks).
 
 Gradients: every parameter's gradient is complete along ``axis`` after backward and marked
 ``hpctp_grad_reduced``, except, with sequence parallelism, those of the norms and of the
@@ -37,6 +39,9 @@ partial there, and the same call sums it).
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +49,7 @@ import torch
 
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
+from ..layout import Layout
 from ..tensor.core import DistTensor
 from .attention import MultiheadAttention
 from .layer_norm import LayerNorm, RMSNorm
@@ -73,14 +79,20 @@ def _attention_layer(kind: str, embed_dim: int, num_heads: int, grid: ProcessGri
     if kind == "heads":
         return MultiheadAttention(embed_dim, num_heads, grid, **kwargs)
     if kind in ATTENTION_KINDS:
-        if kwargs.get("sequence_parallel"):
-            raise ValueError(
-                f"attention={kind!r} (attention over tokens split across the grid axes other than the heads' axis) "
-                f"does not combine with sequence_parallel=True (tokens split over the heads' axis); use "
-                f"attention='heads' with sequence_parallel=True, or attention={kind!r} without it"
-            )
         return MultiheadAttention(embed_dim, num_heads, grid, schedule=kind, **kwargs)
     raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_token_cuts(layout: Layout, coords: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """Local. Cuts over grid ``axis`` of the flattened token blocks (dims ``1..-2``) that ``layout``'s ranks along
+    ``axis`` at ``coords``' other coordinates hold, in rank order: ``(0, n_0, n_0 + n_1, ...)``."""
+    counts = []
+    at = list(coords)
+    for c in range(layout.grid_dims[axis]):
+        at[axis] = c
+        counts.append(math.prod(layout.local_shape(at)[1:-1]))
+    return tuple(int(v) for v in itertools.accumulate(counts, initial=0))
 
 
 def _block(t: torch.Tensor | DistTensor) -> torch.Tensor:
@@ -119,14 +131,16 @@ class TransformerBlock(torch.nn.Module):
         The tensor-parallel grid axis; ranks along other axes hold other data (data parallelism)
         or, with ``attention="ring"``, other tokens.
     sequence_parallel : bool
-        Inputs and outputs are this rank's block of the tokens (dim 1), split over ``axis``.
+        Inputs and outputs are this rank's block of the tokens (dim 1; for a DistTensor with
+        ``attention="ring"``, any one token dim), split over ``axis``.
     attention : {"heads", "ring", "all_to_all", "auto"}
         ``"heads"``: :class:`~hpctp.nn.MultiheadAttention` split over heads, every rank
         attending over the tokens it holds (whole, or gathered with sequence parallelism).
         ``"ring"``, ``"all_to_all"``, ``"auto"``: the same split of the heads over ``axis``,
         attending over DistTensor inputs whose tokens are split over the other grid axes with
         that schedule of :func:`hpctp.nn.functional.attention` (``"auto"``: the one
-        :mod:`hpctp.perf` predicts faster); not with ``sequence_parallel``.
+        :mod:`hpctp.perf` predicts faster); with ``sequence_parallel`` one token dim is also
+        split over ``axis`` (gathered on entering each region, reduce-scattered on leaving).
     norm : {"layer", "rms"}
         :class:`~hpctp.nn.LayerNorm` or :class:`~hpctp.nn.RMSNorm` over the (whole) embedding.
     activation : str or callable
@@ -149,8 +163,7 @@ class TransformerBlock(torch.nn.Module):
     TypeError
         If ``grid`` is not a ProcessGrid.
     ValueError
-        On invalid sizes, ``axis``, ``attention``, ``norm``, ``activation`` or ``dropout``, or
-        ``attention="ring"`` (``"all_to_all"``, ``"auto"``) with ``sequence_parallel``.
+        On invalid sizes, ``axis``, ``attention``, ``norm``, ``activation`` or ``dropout``.
     """
 
     hpctp_generators = ("_generator",)  # the dropout masks' generator, replayed by hpctp.nn.checkpoint
@@ -274,7 +287,12 @@ class TransformerBlock(torch.nn.Module):
             hd = x.with_local(self.norm1(x.local))
             ad, _ = self.self_attn.forward_agreed(hd, hd, hd, attn_mask, key_padding_mask, is_causal, cuts)
             y = x.local + self._drop(_block(ad))
-            md = self.mlp.forward_agreed(self.norm2(y), mlp_cuts)
+            z = self.norm2(y)
+            if self.sequence_parallel:  # per token: the flattened token blocks of the ranks of axis
+                flat = _flat_token_cuts(x.layout, self.grid.coords, self.axis)
+                md = self.mlp.forward_agreed(z.flatten(1, -2), flat).reshape(z.shape)
+            else:
+                md = self.mlp.forward_agreed(z, None)
             return x.with_local(y + self._drop(md))
         h = self.norm1(x)
         a, _ = self.self_attn.forward_agreed(h, h, h, attn_mask, key_padding_mask, is_causal, cuts)
