@@ -130,6 +130,31 @@ def test_redistribution_plan_between_grid_shapes(data: st.DataObject) -> None:
         redistribution_plan(src, Layout(src.global_shape, (src.nranks + 1,), (None,) * src.ndim), 0)
 
 
+@given(st.integers(0, 40), st.integers(1, 9))
+def test_block_cuts_are_the_block_ranges(n: int, parts: int) -> None:
+    """block_cuts (remembered per (n, parts)) lists the stops of block_range, from 0."""
+    assert block_cuts(n, parts) == (0,) + tuple(block_range(n, parts, i)[1] for i in range(parts))
+    assert block_cuts(np.int64(n), parts) is block_cuts(n, parts)
+
+
+def test_with_size_and_remembered_ranges() -> None:
+    """with_size changes an undivided dim (remembered: the same object again); ranges per position are
+    remembered and equal a fresh layout's."""
+    lay = Layout((4, 3, 10, 7), (1, 2, 3), (None, None, 1, 2), (None, None, (0, 6, 10), None))
+    big = lay.with_size(1, 8)
+    assert big == Layout((4, 8, 10, 7), (1, 2, 3), (None, None, 1, 2), (None, None, (0, 6, 10), None))
+    assert lay.with_size(1, 8) is big and lay.with_size(1, 3) == lay
+    for coords in ((0, 0, 0), (0, 1, 2), (0, 1, 2)):
+        fresh = Layout((4, 8, 10, 7), (1, 2, 3), (None, None, 1, 2), (None, None, (0, 6, 10), None))
+        assert big.local_ranges(coords) == fresh.local_ranges(list(coords))
+    with pytest.raises(ValueError, match="cut into 2 blocks"):
+        lay.with_size(2, 5)
+    with pytest.raises(ValueError, match="dimension 4"):
+        lay.with_size(4, 5)
+    with pytest.raises(ValueError, match="coords"):
+        big.local_ranges((0, 2, 0))
+
+
 def test_layout_validation_messages() -> None:
     with pytest.raises(ValueError, match="out of range"):
         Layout((4, 4), (2, 2), (0, 2))

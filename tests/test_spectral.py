@@ -102,6 +102,11 @@ def test_whole_field_dft_and_fft_paths(monkeypatch: pytest.MonkeyPatch, fft_max_
     (r * g).sum().backward()
     for got, want in ((y, r), (gx, x.grad), (gw, w.grad)):
         np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-13)
+    # an empty batch (a data group's empty share): an empty output and a zero weight gradient
+    w.grad = None
+    e = spectral_conv(torch.zeros(0, 3, 12, 9, dtype=F64), w, grid=grid, split=(0, 1))
+    e.sum().backward()
+    assert e.shape == (0, 2, 12, 9) and w.grad is not None and not w.grad.any()
     grid.free()
 
 

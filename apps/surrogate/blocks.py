@@ -16,10 +16,7 @@ T = TypeVar("T", hpctp.DistTensor, torch.Tensor)
 
 def with_local(x: hpctp.DistTensor, local: torch.Tensor) -> hpctp.DistTensor:
     """Local. A DistTensor with ``x``'s grid and split holding ``local`` (channel count may differ)."""
-    shape = list(x.global_shape)
-    shape[1] = int(local.shape[1])
-    layout = hpctp.Layout(tuple(shape), x.layout.grid_dims, x.split, x.layout.cuts)
-    return hpctp.DistTensor(local, x.grid, layout)
+    return hpctp.DistTensor(local, x.grid, x.layout.with_size(1, int(local.shape[1])))
 
 
 def pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: T) -> T:

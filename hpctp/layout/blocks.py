@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from .._util.ints import as_int
@@ -61,8 +62,14 @@ def block_cuts(n: int, parts: int) -> tuple[int, ...]:
     tuple of int
         ``cuts`` with ``cuts[0] == 0``, ``cuts[-1] == n``; block ``i`` is ``[cuts[i], cuts[i+1])``.
     """
-    parts = as_int(parts, "parts", 1)
-    return (0,) + tuple(block_range(n, parts, i)[1] for i in range(parts))
+    return _block_cuts(as_int(n, "n", 0), as_int(parts, "parts", 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_cuts(n: int, parts: int) -> tuple[int, ...]:
+    """:func:`block_cuts` of validated ints (remembered: every new layout asks for its dims' cuts)."""
+    base, extra = divmod(n, parts)
+    return tuple(i * base + min(i, extra) for i in range(parts + 1))
 
 
 def block_sizes(cuts: Sequence[int]) -> tuple[int, ...]:

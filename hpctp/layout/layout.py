@@ -184,6 +184,26 @@ class Layout:
         """Same tensor and grid, balanced blocks with another ``split``."""
         return Layout(self.global_shape, self.grid_dims, split)  # type: ignore[arg-type]
 
+    def with_size(self, d: int, n: int) -> Layout:
+        """The same layout with ``n`` items along dimension ``d``, which no grid axis divides (e.g. a layer's
+        output channels). Remembered per ``(d, n)``: a layer called every step reuses one layout.
+
+        Raises
+        ------
+        ValueError
+            If ``d`` is not a dimension, ``n`` is negative, or ``d`` is cut into more than one block.
+        """
+        memo: dict[tuple[int, int], Layout] = self.__dict__.setdefault("_resized", {})
+        hit = memo.get((d, n))
+        if hit is None:
+            if not 0 <= d < self.ndim:
+                raise ValueError(f"dimension {d} is not one of the {self.ndim} of {self}")
+            if self.parts(d) > 1:
+                raise ValueError(f"dimension {d} of {self} is cut into {self.parts(d)} blocks; its size cannot change")
+            shape = self.global_shape[:d] + (int(n),) + self.global_shape[d + 1 :]
+            hit = memo[(d, n)] = Layout(shape, self.grid_dims, self.split, self.cuts)
+        return hit
+
     # ------------------------------------------------------------------ per coordinate
     def _check_coords(self, coords: Sequence[int]) -> tuple[int, ...]:
         coords = tuple(int(c) for c in coords)

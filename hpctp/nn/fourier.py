@@ -127,6 +127,28 @@ def _spectral_conv_whole(x: torch.Tensor, weight: torch.Tensor, modes: tuple[int
     return torch.fft.irfftn(out, s=spatial, dim=dims)
 
 
+def _spectral_conv_truncated(x: torch.Tensor, weight: torch.Tensor, modes: tuple[int, ...]) -> torch.Tensor:
+    """:func:`spectral_conv_fft` on validated arguments with 1-D FFTs that transform only what the kept modes
+    need: the half (last) axis first, keeping its ``m`` lowest modes, then each other axis on those columns only
+    (keeping ``2m``); back the same way, zero-padded. Half or less of the full ``rfftn``/``irfftn`` work, and no
+    gather or scatter of the kept modes."""
+    nd = len(modes)
+    last = x.ndim - 1
+    spatial = tuple(int(n) for n in x.shape[2:])
+    y = torch.fft.rfft(x, dim=last).narrow(last, 0, modes[-1])
+    for i in range(nd - 1):
+        d, m, n = 2 + i, modes[i], spatial[i]
+        y = torch.fft.fft(y, dim=d)
+        y = torch.cat([y.narrow(d, 0, m), y.narrow(d, n - m, m)], dim=d)
+    y = _mix_modes(y, torch.view_as_complex(weight))
+    for i in range(nd - 1):
+        d, m, n = 2 + i, modes[i], spatial[i]
+        gap = list(y.shape)
+        gap[d] = n - 2 * m
+        y = torch.fft.ifft(torch.cat([y.narrow(d, 0, m), y.new_zeros(gap), y.narrow(d, m, m)], dim=d), dim=d)
+    return torch.fft.irfft(y, n=spatial[-1], dim=last)
+
+
 _BROADCAST_MIX_MAX = 1 << 20  # most elements of the [batch, C_in, C_out, *modes] product _mix_modes forms
 # Most grid points of a field whole on one rank that the spectral conv transforms with torch's FFTs rather than
 # truncated DFT matrices: the FFTs' full spectrum costs more than the DFTs' few kept modes from 128^2 on (one
@@ -233,8 +255,7 @@ def spectral_conv(
     _check_input(lay.global_shape, local.dtype, weight, modes)
     with autocast_off(local):
         out = _spectral_conv_block(local, weight, lay, grid, modes)
-    shape = (lay.global_shape[0], int(weight.shape[1])) + tuple(lay.global_shape[2:])
-    return field.wrap(out, Layout(shape, lay.grid_dims, lay.split, lay.cuts))
+    return field.wrap(out, lay.with_size(1, int(weight.shape[1])))
 
 
 def _spectral_conv_block(
@@ -245,8 +266,9 @@ def _spectral_conv_block(
     spatial = lay.global_shape[2:]
     ranges = lay.local_ranges(grid.coords)[2:]
     axes = sorted({g for g in lay.split[2:] if g is not None and grid.dims[g] > 1})
-    if not axes and math.prod(spatial) <= _FFT_MAX_POINTS:  # a small whole field: torch's FFTs, no DFT matrices
-        return _spectral_conv_whole(local, weight, modes)
+    if not axes and math.prod(spatial) <= _FFT_MAX_POINTS and local.numel():  # small whole field: torch's FFTs
+        # (no DFT matrices; not for an empty block, e.g. a data group's empty share: MKL rejects empty FFTs)
+        return _spectral_conv_truncated(local, weight, modes)
     real, dev = local.dtype, local.device
     last = nd - 1
 
