@@ -85,11 +85,9 @@ def test_mode_mix_equals_einsum(monkeypatch: pytest.MonkeyPatch, batch: int) -> 
     assert torch.equal(fourier._mix_modes(h, w), want)
 
 
-@pytest.mark.parametrize("fft_max_points", [0, 10**9])
-def test_whole_field_dft_and_fft_paths(monkeypatch: pytest.MonkeyPatch, fft_max_points: int) -> None:
-    """A field whole on one rank goes through torch's FFTs (small fields) or the truncated DFTs (large ones):
-    both equal the reference, forward and gradients (float64)."""
-    monkeypatch.setattr(fourier, "_FFT_MAX_POINTS", fft_max_points)
+def test_whole_field_fft_path() -> None:
+    """A field whole on one rank goes through torch's 1-D FFTs of the kept modes (not the DFT matrices):
+    it equals the reference, forward and gradients (float64)."""
     grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
     w = _weight(3, 2, (6, 4), 5).requires_grad_()
     x = torch.randn(2, 3, 12, 9, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()

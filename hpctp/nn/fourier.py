@@ -20,7 +20,6 @@ weights -> ``torch.fft.irfftn``, the layer of Li et al., 2021) on the gathered f
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,10 +149,6 @@ def _spectral_conv_truncated(x: torch.Tensor, weight: torch.Tensor, modes: tuple
 
 
 _BROADCAST_MIX_MAX = 1 << 20  # most elements of the [batch, C_in, C_out, *modes] product _mix_modes forms
-# Most grid points of a field whole on one rank that the spectral conv transforms with torch's FFTs rather than
-# truncated DFT matrices: the FFTs' full spectrum costs more than the DFTs' few kept modes from 128^2 on (one
-# thread, width 16-32, 12-16 modes: 0.36 vs 0.56 ms at 64^2, 1.25 vs 1.28 ms at 128^2, 9.5 vs 4.4 ms at 256^2).
-_FFT_MAX_POINTS = 64 * 64
 
 
 def _mix_modes(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -266,8 +261,8 @@ def _spectral_conv_block(
     spatial = lay.global_shape[2:]
     ranges = lay.local_ranges(grid.coords)[2:]
     axes = sorted({g for g in lay.split[2:] if g is not None and grid.dims[g] > 1})
-    if not axes and math.prod(spatial) <= _FFT_MAX_POINTS and local.numel():  # small whole field: torch's FFTs
-        # (no DFT matrices; not for an empty block, e.g. a data group's empty share: MKL rejects empty FFTs)
+    if not axes and local.numel():  # the whole field on this rank: torch's FFTs of the kept modes (no DFT
+        # matrices; not for an empty block, e.g. a data group's empty share: MKL rejects empty FFTs)
         return _spectral_conv_truncated(local, weight, modes)
     real, dev = local.dtype, local.device
     last = nd - 1
