@@ -203,10 +203,26 @@ def test_ring_block_sequence_parallel_matches_torch(grid2d):  # type: ignore[no-
         block(x).local.sum().backward()  # (the layout agreed)
         with CommCounter() as fwd:
             block(x)
-        if grid2d.dims[axis] > 1:  # each region gathers the tokens over the heads' axis and scatters its output
+        p = grid2d.dims[axis]
+        if p > 1:  # each region gathers the tokens over the heads' axis and scatters its output
             calls = {k: fwd.calls.get(k, 0) for k in ("Allgatherv", "Alltoallv", "Allreduce")}
             want = {"Allgatherv": 2, "Alltoallv": 2, "Allreduce": 0}
             assert_all(grid2d, calls == want, f"axis={axis} forward calls {fwd.calls}")
+        # bytes, forward and backward, summed over the ranks: the ring's K/V the same as without sequence
+        # parallelism (the same tokens after the gather), the heads' axis those of a bandwidth-optimal all-reduce
+        sent = {}
+        for sp in (False, True):
+            layer = TransformerBlock(
+                E, H, RATIO, grid2d, axis=axis, attention="ring", sequence_parallel=sp, seed=8, dtype=F64
+            )
+            xs, _ = _dist(grid2d, X, split if sp else (*split[:2], None, None), uneven=(2,))
+            layer(xs).local.sum().backward()
+            with CommCounter() as both:
+                layer(xs).local.sum().backward()
+            per = [both.per_comm[c.Get_name()].bytes_sent for c in (grid2d.comm, grid2d.sub(axis))]
+            sent[sp] = [MPI.COMM_WORLD.allreduce(b) for b in per]
+        assert_equal(grid2d, sent[True][0], sent[False][0], f"axis={axis} ring bytes with and without sp")
+        assert_equal(grid2d, sent[True][1] * p, sent[False][1] * 2 * (p - 1), f"axis={axis} heads' axis bytes")
     block = TransformerBlock(E, H, RATIO, grid2d, axis=0, attention="ring", sequence_parallel=True, seed=9, dtype=F64)
     seq = (1 if grid2d.dims[1] > 1 else None, 0, None)
     _compare_block(grid2d, block, normal((B, T, E), 1), seq, "causal sequence", uneven=(1,), masks=(None, None, True))
