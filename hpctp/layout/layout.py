@@ -185,8 +185,19 @@ class Layout:
         return Layout(self.global_shape, self.grid_dims, split)  # type: ignore[arg-type]
 
     def with_size(self, d: int, n: int) -> Layout:
-        """The same layout with ``n`` items along dimension ``d``, which no grid axis divides (e.g. a layer's
-        output channels). Remembered per ``(d, n)``: a layer called every step reuses one layout.
+        """Local. The same layout with ``n`` items along dimension ``d``, which no grid axis divides (e.g. a
+        layer's output channels). Remembered per ``(d, n)``: a layer called every step reuses one layout.
+
+        Parameters
+        ----------
+        d : int
+            The dimension.
+        n : int
+            Its new size.
+
+        Returns
+        -------
+        Layout
 
         Raises
         ------

@@ -614,8 +614,16 @@ class MultiheadAttention(torch.nn.Module):
         :meth:`agree` accepted and returned ``cuts`` for, without validating them again.
 
         A caller that validated its own input (e.g. :class:`~hpctp.nn.TransformerBlock`, before its
-        norm) skips the second check of every call. Arguments as for :meth:`forward` (``key`` and
-        ``value`` given); ``cuts`` is what :meth:`agree` returned.
+        norm) skips the second check of every call.
+
+        Parameters
+        ----------
+        query, key, value : torch.Tensor or DistTensor
+            As for :meth:`forward` (``key`` and ``value`` given: pass ``query`` itself for self-attention).
+        attn_mask, key_padding_mask, is_causal
+            As for :meth:`forward`.
+        cuts : pair of sequences of int, or None
+            What :meth:`agree` returned for these arguments.
 
         Returns
         -------

@@ -183,6 +183,14 @@ class ParallelMLP(torch.nn.Module):
         """Collective over the ranks of ``axis``. :meth:`forward` on an input :meth:`agree` accepted and
         returned ``cuts`` for (the token cuts, or None), without validating it again.
 
+        Parameters
+        ----------
+        x : torch.Tensor
+            As for :meth:`forward`.
+        cuts : tuple of int or None
+            What :meth:`agree` returned for ``x`` (with sequence parallelism: the token cuts over
+            ``axis``, e.g. of flattened token blocks).
+
         Returns
         -------
         torch.Tensor
