@@ -223,6 +223,10 @@ def test_ring_block_sequence_parallel_matches_torch(grid2d):  # type: ignore[no-
             sent[sp] = [MPI.COMM_WORLD.allreduce(b) for b in per]
         assert_equal(grid2d, sent[True][0], sent[False][0], f"axis={axis} ring bytes with and without sp")
         assert_equal(grid2d, sent[True][1] * p, sent[False][1] * 2 * (p - 1), f"axis={axis} heads' axis bytes")
+    block = TransformerBlock(
+        E, H, RATIO, grid2d, axis=0, attention="all_to_all", sequence_parallel=True, seed=8, dtype=F64
+    )
+    _compare_block(grid2d, block, X, (None, 1, 0, None), "field all_to_all", uneven=(2,))
     block = TransformerBlock(E, H, RATIO, grid2d, axis=0, attention="ring", sequence_parallel=True, seed=9, dtype=F64)
     seq = (1 if grid2d.dims[1] > 1 else None, 0, None)
     _compare_block(grid2d, block, normal((B, T, E), 1), seq, "causal sequence", uneven=(1,), masks=(None, None, True))
