@@ -32,6 +32,34 @@ def test_allreduce_bcast_torch_and_numpy(world: MPI.Intracomm) -> None:
         C.allreduce(world, np.zeros(1), "avg")
 
 
+def test_host_buffer_fast_path() -> None:
+    """Blocks MPI can reduce in place come back as numpy views of the same memory; the others (bfloat16,
+    conjugate views, non-contiguous) as None, for the staging and converting path."""
+    a = np.arange(6.0)
+    assert C.buffers.host_buffer(a) is a and C.buffers.host_buffer(a[::2]) is None
+    t = torch.arange(6.0)
+    view = C.buffers.host_buffer(t)
+    assert view is not None and np.shares_memory(view, t.numpy())
+    z = torch.ones(3, dtype=torch.complex128)
+    assert C.buffers.host_buffer(z) is not None and C.buffers.host_buffer(z.conj()) is None
+    assert C.buffers.host_buffer(t.to(torch.bfloat16)) is None and C.buffers.host_buffer(t[::2]) is None
+
+
+@pytest.mark.mpi
+def test_allreduce_complex_and_views(world: MPI.Intracomm) -> None:
+    """The fast path sums complex blocks and contiguous views of a larger tensor in place."""
+    r = world.Get_rank()
+    z = torch.full((3,), complex(r, 1), dtype=torch.complex128)
+    C.allreduce(world, z)
+    n = world.Get_size()
+    want = torch.full((3,), complex(n * (n - 1) / 2, n), dtype=torch.complex128)
+    base = torch.zeros(4, 3)
+    base[1] = r + 1.0
+    C.allreduce(world, base[1])  # a contiguous row of a larger tensor
+    ok = torch.equal(z, want) and torch.equal(base[1], torch.full((3,), n * (n + 1) / 2)) and not base[2].any()
+    assert_all(world, bool(ok), f"rank {r}: {z}, {base}")
+
+
 @pytest.mark.mpi
 def test_ibcast_and_point_to_point(world: MPI.Intracomm) -> None:
     size, rank = world.Get_size(), world.Get_rank()
