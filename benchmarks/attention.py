@@ -287,11 +287,22 @@ def _ring_part(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     table = np.empty((grid.size, 2))
     grid.comm.Allgather(mine, table)
     asked = single_process(grid, lambda: ({b: c.ask("peak") | {"kernel": c.kernel} for b, c in children.items()}, 0.0))
+    # the forward's floor, after the memory was read (it holds all K/V): torch's flash kernel on this rank's
+    # queries against all the keys, both ranks at once, no ring, no merge
+    whole = [(0, n) for n in shape]
+    kf, vf = (_normal(shape, whole, seed, False).flatten(2, 3) for seed in (2, 3))
+    qf = q.detach().flatten(2, 3)
+
+    def floor() -> None:
+        with torch.no_grad():
+            F.scaled_dot_product_attention(qf, kf, vf)
+
+    floor_cases = {"floor forward": _clock(floor), "default forward": one_process("default", "forward")}
+    times |= {f"{k} (floor rounds)": v for k, v in _rounds(floor_cases, args.rounds, grid.comm).items()}
     for child in children.values():
         child.close()
     # check against SDPA of the gathered tensors on every rank (1 thread, untimed)
     y = backward().detach()
-    whole = [(0, n) for n in shape]
     qa, ka, va = (_normal(shape, whole, seed, True) for seed in (1, 2, 3))
     ya = F.scaled_dot_product_attention(qa.flatten(2, 3), ka.flatten(2, 3), va.flatten(2, 3)).unflatten(2, shape[2:4])
     (ya * _normal(shape, whole, 4, False)).sum().backward()
@@ -339,6 +350,33 @@ class _TorchBlock(torch.nn.Module):
         o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
         x = x + self.out(o)
         return x + self.linear2(F.gelu(self.linear1(self.norm2(x))))
+
+
+def _skip(comm: Any, x: Any, op: str = "sum") -> Any:
+    return x
+
+
+def _barrier(comm: Any, x: Any, op: str = "sum") -> Any:
+    comm.Barrier()
+    return x
+
+
+#: Stand-ins for the block's all-reduces (``hpctp.comm.allreduce``, which its region borders call), to split
+#: the block's time over no communication into the Python of the borders and checks (a no-op), the ranks
+#: waiting for each other at the four synchronisation points (a barrier), and MPI's all-reduce (the rest).
+_STAND_INS = {"no-op all-reduces": _skip, "barriers": _barrier}
+
+
+def _with_allreduce(stand_in: Callable[..., Any], fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        real = hpctp.comm.allreduce
+        hpctp.comm.allreduce = stand_in  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            hpctp.comm.allreduce = real  # type: ignore[assignment]
+
+    return run
 
 
 def _no_communication(block: TransformerBlock, x: torch.Tensor) -> torch.Tensor:
@@ -411,6 +449,8 @@ def _block_case(
 
     n = args.calls
     cases = {"hpctp": _clock(hp, n), "no comm": _clock(local, n), "dtensor": _clock(dt, n), "torch": one_process}
+    for name, stand_in in _STAND_INS.items():  # where the gap to "no comm" goes (results not checked: wrong sums)
+        cases[name] = _clock(_with_allreduce(stand_in, hp), n)
     times = _rounds(cases, args.rounds, grid.comm)
     # checks (1 thread): outputs and input gradients against the single-process layer
     y_ref = ref().detach()
@@ -441,6 +481,19 @@ def _print_blocks(rows: list[dict[str, Any]], args: argparse.Namespace, size: in
             f"{_cell(t['dtensor'])} | {_cell(t['torch'])} | {_ratio(t['hpctp'], t['no comm'])} | "
             f"{_ratio(t['hpctp'], t['dtensor'])} | {_ratio(t['hpctp'], t['torch'])} |"
         )
+    print()
+    print(
+        "where the gap to no communication goes (the block's all-reduces replaced; "
+        "results not checked): time / no communication"
+    )
+    print(
+        "| embed | tokens | all-reduces as no-ops (Python only) | as barriers (+ waiting) | MPI all-reduces (hpctp) |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        t = r["times"]
+        cells = " | ".join(_ratio(t[k], t["no comm"]) for k in (*_STAND_INS, "hpctp"))
+        print(f"| {r['embed']} | {r['tokens']} | {cells} |")
     for r in rows:
         d = r["diffs"]
         print(
@@ -467,6 +520,11 @@ def _print_ring(ring: dict[str, Any], args: argparse.Namespace, size: int, threa
         a = t[f"ring {key}"]
         cells = "".join(f" {_cell(t[f'{b} {key}'])} | {_ratio(a, t[f'{b} {key}'])} |" for b in backends)
         print(f"| {name} | {_cell(a)} |{cells}")
+    fl, ref = t["floor forward (floor rounds)"], t["default forward (floor rounds)"]
+    print(
+        f"forward's floor (the flash kernel on each rank's queries against all keys, no ring; {args.rounds} more "
+        f"interleaved rounds): {_cell(fl)} vs SDPA {_cell(ref)}, ratio {_ratio(fl, ref)}"
+    )
     print()
     print("| process | RSS with inputs [MB] | peak RSS [MB] | peak - inputs [MB] |")
     print("| --- | ---: | ---: | ---: |")

@@ -61,7 +61,14 @@ SMALL = {
     ),
     "attention.py": (
         "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1".split(),
-        ["| 32 | 16 | 4 |", "| forward+backward |", "| one process, SDPA", "per rank / one process (math)"],
+        [
+            "| 32 | 16 | 4 |",
+            "| forward+backward |",
+            "| one process, SDPA",
+            "per rank / one process (math)",
+            "all-reduces as no-ops (Python only)",
+            "forward's floor (the flash kernel",
+        ],  # fmt: skip
     ),
 }
 
