@@ -6,25 +6,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 import hpctp
-
-
-def timed(fn: Callable[[], object], grid: hpctp.ProcessGrid) -> float:
-    """Collective over grid. Seconds of one call of ``fn`` after a barrier, on the slowest rank."""
-    grid.comm.Barrier()
-    t = time.perf_counter()
-    fn()
-    slowest = np.array([time.perf_counter() - t])
-    hpctp.comm.allreduce(grid.comm, slowest, "max")
-    return float(slowest[0])
 
 
 def best_of(fn: Callable[[], object], reps: int, grid: hpctp.ProcessGrid) -> float:
     """Collective over grid. The best of ``reps`` runs of ``fn`` after one warm-up (plans,
-    allocations), each timed by its slowest rank (:func:`timed`)."""
-    return min(timed(fn, grid) for _ in range(reps + 1))
+    allocations), each timed by its slowest rank (:func:`hpctp.comm.slowest_seconds`)."""
+    return min(hpctp.comm.slowest_seconds(grid.comm, fn) for _ in range(reps + 1))
 
 
 def single_process(grid: Any, fn: Callable[[], tuple[Any, float]]) -> tuple[Any, float] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,17 @@ def test_allreduce_complex_and_views(world: MPI.Intracomm) -> None:
     C.allreduce(world, base[1])  # a contiguous row of a larger tensor
     ok = torch.equal(z, want) and torch.equal(base[1], torch.full((3,), n * (n + 1) / 2)) and not base[2].any()
     assert_all(world, bool(ok), f"rank {r}: {z}, {base}")
+
+
+@pytest.mark.mpi
+def test_slowest_seconds(world: MPI.Intracomm) -> None:
+    """The slowest rank's time of one call, the same on every rank."""
+    r = world.Get_rank()
+    sec = C.slowest_seconds(world, lambda: time.sleep(0.01 * (r + 1)))
+    every = np.empty(world.Get_size())
+    world.Allgather(np.array([sec]), every)
+    ok = bool((every == sec).all()) and 0.01 * world.Get_size() <= sec < 0.01 * world.Get_size() + 1.0
+    assert_all(world, ok, f"rank {r}: {every}")
 
 
 @pytest.mark.mpi

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 import hpctp
+from hpctp.comm import slowest_seconds
 from hpctp.io import load_checkpoint
 from hpctp.nn import relative_l2_error
 
@@ -49,16 +49,6 @@ from .models import build_model
 from .rollout import Rollout, max_rollout_steps, rollout
 
 __all__ = ["SolverStep", "resize_field", "measure", "format_report", "main"]
-
-
-def _timed(fn: Callable[[], object], grid: hpctp.ProcessGrid) -> float:
-    """Collective over grid. Seconds of ``fn()`` on the slowest rank, after a barrier."""
-    grid.comm.Barrier()
-    t = time.perf_counter()
-    fn()
-    slowest = np.array([time.perf_counter() - t])
-    hpctp.comm.allreduce(grid.comm, slowest, "max")
-    return float(slowest[0])
 
 
 def resize_field(field: np.ndarray, size: tuple[int, int], pde: str) -> np.ndarray:
@@ -276,10 +266,10 @@ def measure(
         advance_chain = _advancer(solver, chain)
         predict_chain()  # (warm-up of the chain's later inputs)
         for _ in range(reps):
-            t_solver.append(_timed(solver.advance, grid))
-            t_model.append(_timed(predict, grid))
-            c_solver.append(_timed(advance_chain, grid) / chain)
-            c_model.append(_timed(predict_chain, grid) / chain)
+            t_solver.append(slowest_seconds(grid.comm, solver.advance))
+            t_model.append(slowest_seconds(grid.comm, predict))
+            c_solver.append(slowest_seconds(grid.comm, advance_chain) / chain)
+            c_model.append(slowest_seconds(grid.comm, predict_chain) / chain)
         solver.close()
         a, b = statistics.median(t_solver), statistics.median(t_model)
         ca, cb = statistics.median(c_solver), statistics.median(c_model)

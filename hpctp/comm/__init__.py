@@ -21,6 +21,7 @@ from .collectives import (
     isend,
     raise_if_any,
     scatterv,
+    slowest_seconds,
     waitall,
 )
 from .counter import CommCounter, record
@@ -62,6 +63,7 @@ __all__ = [
     "record",
     "reduce",
     "scatterv",
+    "slowest_seconds",
     "select_device",
     "staging_pool",
     "synchronize",

@@ -9,7 +9,8 @@ staging, see :mod:`hpctp.comm.buffers`) and records its payload in active
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -38,6 +39,7 @@ __all__ = [
     "all_true",
     "raise_if_any",
     "barrier",
+    "slowest_seconds",
 ]
 
 _OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
@@ -447,3 +449,25 @@ def raise_if_any(comm: MPI.Intracomm, error: Exception | None) -> None:
 def barrier(comm: MPI.Intracomm) -> None:
     """Collective over ``comm``. Synchronise all ranks."""
     comm.Barrier()
+
+
+def slowest_seconds(comm: MPI.Intracomm, fn: Callable[[], object]) -> float:
+    """Collective over ``comm``. Wall seconds of one call of ``fn`` started after a barrier, on the slowest rank.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+    fn : callable
+        Called once on every rank (it may be collective over ``comm``).
+
+    Returns
+    -------
+    float
+        The largest time over the ranks, the same on every rank.
+    """
+    comm.Barrier()
+    t = time.perf_counter()
+    fn()
+    slowest = np.array([time.perf_counter() - t])
+    allreduce(comm, slowest, "max")
+    return float(slowest[0])
