@@ -292,7 +292,7 @@ def _pointwise_layout(layout: Layout, windows: tuple[DimWindow, ...], channels: 
         return None
     if any(min(np.diff(c), default=0) <= 0 for c in layout.dim_cuts[:1] + layout.dim_cuts[2:]):
         return None
-    return Layout((layout.global_shape[0], channels, *layout.global_shape[2:]), layout.grid_dims, layout.split)
+    return layout.with_size(1, channels)
 
 
 def conv(field: FieldInput, weight: torch.Tensor, bias: torch.Tensor | None, spec: WindowSpec, overlap: bool) -> Any:

@@ -685,12 +685,12 @@ class MultiheadAttention(torch.nn.Module):
         w, bias = self.in_proj_weight, self.in_proj_bias
         entered: dict[int, torch.Tensor] = {}  # each distinct input enters once (one all-reduce backward each)
         sp = self._sequence_dim(query)  # the token dim split over axis (sequence parallelism), if any
+        token_dim = 1 if sp is None else sp
 
         def enter(t: DistTensor) -> torch.Tensor:
             if id(t) not in entered:
-                block = autocast_input(t.local)
                 cuts = None if sp is None else t.layout.dim_cuts[sp]
-                entered[id(t)] = enter_parallel_region(block, comm, cuts, dim=sp if sp is not None else 1)
+                entered[id(t)] = enter_parallel_region(autocast_input(t.local), comm, cuts, dim=token_dim)
             return entered[id(t)]
 
         def heads_first(t: torch.Tensor) -> torch.Tensor:  # [b, *tokens, hl * d] -> [b, hl, *tokens, d]
@@ -709,10 +709,8 @@ class MultiheadAttention(torch.nn.Module):
         dq, dk, dv = (DistTensor(p, self.grid, self._head_layout(t)) for p, t in zip(parts, (query, key, value)))
         o = context_attention(dq, dk, dv, causal=is_causal, schedule=str(self.schedule)).local
         o = o.movedim(1, -2).flatten(-2)  # [b, *tokens, hl * d]
-        if sp is None:
-            y = leave_parallel_region(self.out_proj.partial_forward(o), comm)
-        else:  # this rank's token block of the sum
-            y = leave_parallel_region(self.out_proj.partial_forward(o), comm, query.layout.dim_cuts[sp], dim=sp)
+        out_cuts = None if sp is None else query.layout.dim_cuts[sp]  # (sp: this rank's token block of the sum)
+        y = leave_parallel_region(self.out_proj.partial_forward(o), comm, out_cuts, dim=token_dim)
         if self.out_proj.bias is not None:
             y = y + self.out_proj.bias.to(y.dtype)
         return y

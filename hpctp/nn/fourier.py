@@ -106,12 +106,6 @@ def spectral_conv_fft(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x has {x.ndim} dims; this weight needs [N, C, *{nd} spatial] ({nd + 2} dims)")
     modes = _modes_of(weight)
     _check_input(x.shape, x.dtype, weight, modes)
-    return _spectral_conv_whole(x, weight, modes)
-
-
-def _spectral_conv_whole(x: torch.Tensor, weight: torch.Tensor, modes: tuple[int, ...]) -> torch.Tensor:
-    """:func:`spectral_conv_fft` on validated arguments (a whole field)."""
-    nd = len(modes)
     dims = tuple(range(2, nd + 2))
     spatial = tuple(int(n) for n in x.shape[2:])
     spec = torch.fft.rfftn(x, dim=dims)
