@@ -282,7 +282,6 @@ class TransformerBlock(torch.nn.Module):
         # (without sequence parallelism, or for a DistTensor, the verdict is cached); the sublayers then run
         # on these agreed arguments without checking them again
         cuts = self.self_attn.agree(x, x, x, attn_mask, key_padding_mask, is_causal)
-        mlp_cuts = None if cuts is None else tuple(cuts[0])
         if isinstance(x, DistTensor):
             hd = x.with_local(self.norm1(x.local))
             ad, _ = self.self_attn.forward_agreed(hd, hd, hd, attn_mask, key_padding_mask, is_causal, cuts)
@@ -297,7 +296,7 @@ class TransformerBlock(torch.nn.Module):
         h = self.norm1(x)
         a, _ = self.self_attn.forward_agreed(h, h, h, attn_mask, key_padding_mask, is_causal, cuts)
         x = x + self._drop(_block(a))
-        m = self.mlp.forward_agreed(self.norm2(x), mlp_cuts)
+        m = self.mlp.forward_agreed(self.norm2(x), None if cuts is None else tuple(cuts[0]))
         return x + self._drop(m)
 
     def extra_repr(self) -> str:
