@@ -10,6 +10,7 @@ existing file.
 
 from ._files import mpio_available
 from .checkpoint import load_checkpoint, save_checkpoint
+from .counter import IOCounter
 from .dataset import FieldDataset
 from .hdf5 import load_hdf5, save_hdf5
 from .loader import FieldLoader
@@ -17,6 +18,7 @@ from .loader import FieldLoader
 __all__ = [
     "FieldDataset",
     "FieldLoader",
+    "IOCounter",
     "load_checkpoint",
     "load_hdf5",
     "mpio_available",

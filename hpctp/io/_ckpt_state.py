@@ -22,7 +22,15 @@ from ..layout import Layout
 if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io
     import torch
 
-__all__ = ["Entry", "model_entries", "optimizer_entries", "param_names", "groups_json", "groups_from_json"]
+__all__ = [
+    "Entry",
+    "model_entries",
+    "optimizer_entries",
+    "param_names",
+    "groups_json",
+    "groups_text",
+    "groups_from_json",
+]
 
 
 @dataclass
@@ -186,12 +194,23 @@ def _plain(value: Any, where: str) -> Any:
 
 def groups_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     """Local. The optimizer's param_groups as JSON: hyperparameters plus parameter names."""
-    groups = []
-    for gi, (group, names) in enumerate(zip(optimizer.param_groups, group_param_names(model, optimizer), strict=True)):
+    return groups_text(optimizer.param_groups, group_param_names(model, optimizer))
+
+
+def groups_text(groups: list[dict[str, Any]], names: list[list[str]]) -> str:
+    """Local. Param groups as JSON: each group's hyperparameters (``params`` left out) plus ``names``.
+
+    Raises
+    ------
+    TypeError
+        If a hyperparameter cannot be stored (not a number, string, bool, None or list of them).
+    """
+    out = []
+    for gi, (group, group_names) in enumerate(zip(groups, names, strict=True)):
         g = {k: _plain(v, f"{k} of group {gi}") for k, v in group.items() if k != "params"}
-        g["params"] = names
-        groups.append(g)
-    return json.dumps(groups, sort_keys=True)
+        g["params"] = group_names
+        out.append(g)
+    return json.dumps(out, sort_keys=True)
 
 
 def groups_from_json(text: str, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:

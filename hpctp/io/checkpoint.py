@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from typing import TYPE_CHECKING, Any
 
 import h5py
@@ -26,6 +25,17 @@ import numpy as np
 from .. import comm as C
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
+from ._ckpt_file import (
+    FORMAT,
+    VERSION,
+    as_tensor,
+    check_entries,
+    check_format,
+    check_same_everywhere,
+    class_name,
+    read_slab,
+)
+from ._ckpt_slices import load_slices, save_slices
 from ._ckpt_state import (
     Entry,
     file_dtype,
@@ -37,9 +47,9 @@ from ._ckpt_state import (
     param_names,
     storable,
 )
-from ._files import IOKeyError, check_path, native_dtype, resolve_method
+from ._files import IOKeyError, check_path, resolve_method
 from ._writer import atomic_write
-from .hdf5 import create_dataset, open_for_read, read_block
+from .hdf5 import create_dataset, open_for_read, write_block
 
 if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io
     import torch
@@ -47,9 +57,6 @@ if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp
     from ..nn.sharded import ShardedDataParallel
 
 __all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
-
-FORMAT = "hpctp-checkpoint"
-VERSION = 1
 
 
 def save_checkpoint(
@@ -72,8 +79,10 @@ def save_checkpoint(
         Checkpoint file; replaced atomically (a failed save leaves the old one).
     model : torch.nn.Module
         Or a :class:`hpctp.nn.ShardedDataParallel` (any stage): the file is then that of its
-        inner model and the optimizer state cut per parameter, written once by data group 0
-        over ``plan.model_grid`` (the same file as for the model unwrapped).
+        inner model and the optimizer state cut per parameter (the same file as for the model
+        unwrapped). Stages 1-3 write each rank's slices as hyperslabs of those datasets
+        (:mod:`hpctp.io._ckpt_slices`), so no rank holds a whole parameter; stage 0's data
+        group 0 writes its blocks.
     optimizer : torch.optim.Optimizer or None
     step : int
         Training step to resume from; returned by :func:`load_checkpoint`.
@@ -125,7 +134,7 @@ def save_checkpoint(
         method=method,
         optimizer=optimizer is not None,
     )
-    _check_same_everywhere(grid, entries, groups)
+    check_same_everywhere(grid, entries, groups)
 
     def prepare(f: h5py.File) -> None:
         f.attrs.update({"format": FORMAT, "version": VERSION, "step": int(step)})
@@ -137,17 +146,17 @@ def save_checkpoint(
                 ds.attrs["split"] = json.dumps(list(e.layout.split))
                 ds.attrs["grid_dims"] = np.asarray(e.layout.grid_dims, dtype=np.int64)
             elif ds.size:
-                ds.write_direct(storable(e.tensor))
+                write_block(ds, storable(e.tensor))
         for key, values in scalars.items():
             f.require_group(key).attrs.update(values)
         if optimizer is not None:
-            f.require_group("optimizer").attrs.update({"param_groups": groups, "class": _class_name(optimizer)})
+            f.require_group("optimizer").attrs.update({"param_groups": groups, "class": class_name(optimizer)})
 
     mine = [e for e in entries if e.writes(grid)]
 
     def write(f: h5py.File) -> None:
         for e in mine:
-            f[e.key].write_direct(storable(e.tensor), dest_sel=e.selection(grid))
+            write_block(f[e.key], storable(e.tensor), e.selection(grid))
 
     atomic_write(grid, fname, mode="w", prepare=prepare, write=write if mine else None, method=resolved)
 
@@ -175,16 +184,19 @@ def _save_sharded(
     step: int,
     method: str,
 ) -> None:
-    """Collective over grid. The inner model and per-parameter optimizer state, written by data group 0."""
+    """Collective over grid. Stages 1-3: every rank writes its slices (:mod:`hpctp.io._ckpt_slices`); stage 0
+    (whole model on every rank): data group 0 saves the inner model."""
+    if sdp.stage >= 1:
+        save_slices(path, sdp, optimizer, step, method)
+        return
     plan = sdp.plan
-    with sdp.gathered(optimizer) as (model, opt):
-        error: Exception | None = None
-        if plan.data_rank == 0:
-            try:
-                save_checkpoint(path, model, opt, step, plan.model_grid, method=method)
-            except Exception as e:  # noqa: BLE001 - the other data groups raise it too
-                error = e
-        C.raise_if_any(plan.grid.comm, error)
+    error: Exception | None = None
+    if plan.data_rank == 0:
+        try:
+            save_checkpoint(path, sdp.module, optimizer, step, plan.model_grid, method=method)
+        except Exception as e:  # noqa: BLE001 - the other data groups raise it too
+            error = e
+    C.raise_if_any(plan.grid.comm, error)
 
 
 def _load_sharded(
@@ -194,16 +206,17 @@ def _load_sharded(
     strict: bool,
     method: str,
 ) -> int:
-    """Collective over grid. Every data group reads its blocks into the whole model, then keeps its slices."""
+    """Collective over grid. Stages 1-3: every rank reads its slices; stage 0: every data group reads its blocks."""
+    if sdp.stage >= 1:
+        return load_slices(path, sdp, optimizer, strict, method)
     plan = sdp.plan
     step = 0
-    with sdp.gathered(optimizer, write_back=True) as (model, opt):
-        error: Exception | None = None
-        try:
-            step = load_checkpoint(path, model, opt, plan.model_grid, strict=strict, method=method)
-        except Exception as e:  # noqa: BLE001 - agreed over the whole grid
-            error = e
-        C.raise_if_any(plan.grid.comm, error)
+    error: Exception | None = None
+    try:
+        step = load_checkpoint(path, sdp.module, optimizer, plan.model_grid, strict=strict, method=method)
+    except Exception as e:  # noqa: BLE001 - agreed over the whole grid
+        error = e
+    C.raise_if_any(plan.grid.comm, error)
     return step
 
 
@@ -214,24 +227,6 @@ def _check_modules(model: object, optimizer: object) -> None:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-
-
-def _layout_text(e: Entry) -> str:
-    """A sharded entry's layout (split, grid and cuts); every rank must describe the same tiling."""
-    if e.layout is None:
-        return "replicated"
-    return f"{e.layout.split}|{e.layout.grid_dims}|{e.layout.dim_cuts}"
-
-
-def _check_same_everywhere(grid: ProcessGrid, entries: list[Entry], groups: str) -> None:
-    text = ";".join(f"{e.key}:{e.global_shape}:{e.dtype}:{_layout_text(e)}" for e in entries)
-    sig = [len(entries), zlib.crc32(text.encode()), zlib.crc32(groups.encode())]
-    table = C.allgather_ints(grid.comm, sig)
-    if (table != table[0]).any():
-        raise ValueError(
-            "save_checkpoint: the model/optimizer state differs between ranks (names, global shapes, dtypes, "
-            "layouts or hyperparameters); every rank must hold the same model with its own blocks"
-        )
 
 
 def load_checkpoint(
@@ -255,7 +250,8 @@ def load_checkpoint(
     model : torch.nn.Module
         Sharded parameters carry ``hpctp_layout`` for this grid. Or a
         :class:`hpctp.nn.ShardedDataParallel` (any stage, any plan; ``grid`` its ``plan.grid``):
-        every data group reads its blocks, then keeps its slices of parameters and optimizer state.
+        stages 1-3 read only each rank's slices of the parameters and of the optimizer state
+        (about ``1/data_size`` of the file per rank); stage 0's data groups read their blocks.
     optimizer : torch.optim.Optimizer or None
         Built over the model's parameters with the same param groups as when saved
         (for a ShardedDataParallel: over ``sdp.parameters()``).
@@ -310,9 +306,9 @@ def load_checkpoint(
         values: list[tuple[Entry, np.ndarray]] = []
         opt_state: dict[str, Any] | None = None
         try:
-            step = _check_format(f, fname)
+            step = check_format(f, fname)
             entries = model_entries(model, grid)
-            _check_entries(f, fname, entries, "model", strict)
+            check_entries(f, fname, entries, "model", strict)
             values = [(e, _read(f, e, grid, fname)) for e in entries]
             if optimizer is not None:
                 opt_state = _read_optimizer(f, fname, model, optimizer, grid)
@@ -326,7 +322,7 @@ def load_checkpoint(
     try:
         with torch.no_grad():
             for entry, buf in values:
-                entry.tensor.copy_(_as_tensor(buf, entry.dtype))
+                entry.tensor.copy_(as_tensor(buf, entry.dtype))
         if optimizer is not None and opt_state is not None:
             optimizer.load_state_dict(opt_state)
     except Exception as e:  # noqa: BLE001 - validated above, so not expected; still agree
@@ -335,58 +331,8 @@ def load_checkpoint(
     return step
 
 
-def _check_format(f: h5py.File, path: str) -> int:
-    if f.attrs.get("format") != FORMAT:
-        raise ValueError(
-            f"{path} is not an hpctp checkpoint (no format={FORMAT!r} attribute); was it written by save_checkpoint?"
-        )
-    version = int(f.attrs.get("version", -1))
-    if version > VERSION:
-        raise ValueError(f"{path} is a version {version} checkpoint; this hpctp reads up to version {VERSION}")
-    return int(f.attrs["step"])
-
-
-def _check_entries(f: h5py.File, path: str, entries: list[Entry], group: str, strict: bool) -> None:
-    present: set[str] = set()
-    if group in f:
-        f[group].visititems(lambda n, o: present.add(f"{group}/{n}") if isinstance(o, h5py.Dataset) else None)
-    wanted = {e.key for e in entries}
-    missing = sorted(wanted - present)
-    unexpected = sorted(present - wanted) if strict else []
-    if missing or unexpected:
-        raise IOKeyError(
-            f"{path} does not match the {group}: missing keys {missing}, unexpected keys {unexpected}; "
-            f"build the same model as when saving" + ("" if not unexpected else " (or pass strict=False)")
-        )
-    bad = []
-    for e in entries:
-        ds = f[e.key]
-        stored = ds.attrs.get("torch_dtype", "")
-        if tuple(ds.shape) != e.global_shape or stored != e.dtype:
-            bad.append(f"{e.key}: file {tuple(ds.shape)} {stored}, model {e.global_shape} {e.dtype}")
-    if bad:
-        raise ValueError(f"{path}: global shape/dtype mismatch: " + "; ".join(bad))
-
-
 def _read(f: h5py.File, e: Entry, grid: ProcessGrid, path: str) -> np.ndarray:
-    return _read_slab(f[e.key], e.selection(grid), path)
-
-
-def _read_slab(ds: h5py.Dataset, sel: tuple[slice, ...], path: str) -> np.ndarray:
-    buf = np.empty(tuple(s.stop - s.start for s in sel), dtype=native_dtype(ds))
-    read_block(ds, buf, sel, path)
-    return buf
-
-
-def _as_tensor(buf: np.ndarray, dtype: str) -> torch.Tensor:
-    import torch
-
-    t = torch.from_numpy(buf)
-    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
-
-
-def _class_name(optimizer: torch.optim.Optimizer) -> str:
-    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    return read_slab(f[e.key], e.selection(grid), path)
 
 
 def _read_optimizer(
@@ -395,9 +341,9 @@ def _read_optimizer(
     if "optimizer" not in f:
         raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
     saved_class = f["optimizer"].attrs.get("class", None)
-    if saved_class is not None and str(saved_class) != _class_name(optimizer):
+    if saved_class is not None and str(saved_class) != class_name(optimizer):
         raise ValueError(
-            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {_class_name(optimizer)}; "
+            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {class_name(optimizer)}; "
             f"build the same optimizer type, or pass optimizer=None to load the model only"
         )
     saved_groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
@@ -444,5 +390,5 @@ def _read_param_state(f: h5py.File, base: str, p: torch.Tensor, grid: ProcessGri
         else:
             sel = tuple(slice(0, n) for n in ds.shape)
         dtype = str(ds.attrs.get("torch_dtype", ds.dtype.name))
-        out[key] = _as_tensor(_read_slab(ds, sel, path), dtype)
+        out[key] = as_tensor(read_slab(ds, sel, path), dtype)
     return out

@@ -41,6 +41,7 @@ from ._files import (
     resolve_method,
 )
 from ._writer import atomic_write
+from .counter import count_read, count_write
 
 __all__ = [
     "load_hdf5",
@@ -48,6 +49,7 @@ __all__ = [
     "open_for_read",
     "create_dataset",
     "read_block",
+    "write_block",
     "layout_for",
     "block_chunks",
     "check_stored_dtype",
@@ -116,6 +118,18 @@ def read_block(ds: h5py.Dataset, out: np.ndarray, selection: tuple[Any, ...], pa
         ds.read_direct(out, source_sel=selection)
     except (OSError, RuntimeError) as e:
         raise OSError(f"reading {path}:{ds.name} failed: {e}; the file may be corrupt or truncated") from e
+    count_read(out.nbytes)
+
+
+def write_block(ds: h5py.Dataset, data: np.ndarray, selection: tuple[Any, ...] | None = None) -> None:
+    """Local. Write the contiguous ``data`` into ``ds[selection]`` (everything: None) with one ``H5Dwrite``."""
+    if data.size == 0:
+        return
+    if selection is None:
+        ds.write_direct(data)
+    else:
+        ds.write_direct(data, dest_sel=selection)
+    count_write(data.nbytes)
 
 
 def load_hdf5(
@@ -386,7 +400,7 @@ def save_hdf5(
     def prepare(f: h5py.File) -> None:
         ds = create_dataset(f, name, layout.global_shape, stored, chunk_spec, compression, compression_opts, attrs)
         if scalar is not None:  # a 0-d tensor is replicated; rank 0 writes it while laying out the file
-            ds.write_direct(np.asarray(scalar, order="C"))  # (an MPI-IO write to a scalar dataspace hangs)
+            write_block(ds, np.asarray(scalar, order="C"))  # (an MPI-IO write to a scalar dataspace hangs)
 
     write = None
     coords = grid.coords
@@ -394,7 +408,7 @@ def save_hdf5(
         block = np.asarray(to_numpy(x.local), order="C")
 
         def write(f: h5py.File) -> None:
-            f[name].write_direct(block, dest_sel=layout.local_slices(coords))
+            write_block(f[name], block, layout.local_slices(coords))
 
     atomic_write(grid, fname, mode=mode, prepare=prepare, write=write, method=resolved, replace=[name])
 

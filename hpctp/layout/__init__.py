@@ -1,6 +1,7 @@
 """Pure block math: how global tensors map onto process grids. No MPI here."""
 
 from .blocks import block_cuts, block_range, block_sizes, check_cuts, owner_of
+from .flat import FlatPacking, FlatPiece, flat_range_boxes
 from .layout import Layout, grid_coords, grid_rank, normalize_split
 from .plan import (
     Piece,
@@ -16,6 +17,8 @@ from .plan import (
 from .tiling import tiled_layout
 
 __all__ = [
+    "FlatPacking",
+    "FlatPiece",
     "Layout",
     "Piece",
     "RedistributionPlan",
@@ -25,6 +28,7 @@ __all__ = [
     "block_sizes",
     "check_cuts",
     "check_remap",
+    "flat_range_boxes",
     "flip_remap",
     "grid_coords",
     "grid_rank",

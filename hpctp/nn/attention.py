@@ -42,7 +42,8 @@ from ..layout import Layout, block_cuts
 from ..tensor.core import DistTensor
 from ._amp import autocast_dtype, autocast_input
 from .context_parallel import attention as context_attention
-from .linear import RowParallelLinear, derive_seed, init_block
+from .init import BlockReset, derive_seed, init_block
+from .linear import RowParallelLinear
 from .sequence_parallel import ArgumentAgreement, enter_parallel_region, leave_parallel_region
 from .sequence_parallel import token_cuts as agree_token_cuts
 
@@ -95,7 +96,7 @@ def attention_mask(
     return mask, False
 
 
-class MultiheadAttention(torch.nn.Module):
+class MultiheadAttention(BlockReset, torch.nn.Module):
     """Local. ``torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)`` split over whole heads.
 
     See the module docstring for the split and its messages. ``forward`` is collective over
@@ -187,6 +188,7 @@ class MultiheadAttention(torch.nn.Module):
         w = init_block(w_layout, grid.coords, derive_seed(seed, 1), bound, dtype, device)
         self.in_proj_weight = torch.nn.Parameter(w)
         self.in_proj_weight.hpctp_layout = w_layout  # type: ignore[attr-defined]
+        self._record_block("in_proj_weight", w_layout, grid.coords, derive_seed(seed, 1), bound)
         self.register_parameter("in_proj_bias", None)
         if bias:
             b_layout = Layout((3, e), grid.dims, (None, self.axis), (None, self.feature_cuts))
@@ -206,6 +208,11 @@ class MultiheadAttention(torch.nn.Module):
         if self.sequence_parallel and self.out_proj.bias is not None:
             self.out_proj.bias.hpctp_grad_reduced = ()  # type: ignore[attr-defined]
         self._agreed = ArgumentAgreement()
+
+    def _after_reset(self) -> None:  # construction's zeroed biases (out_proj's own reset runs before, as its init)
+        for b in (self.in_proj_bias, self.out_proj.bias):
+            if b is not None:
+                b.zero_()
 
     # ------------------------------------------------------------------ global state (torch's packing)
     def hpctp_export_state(self, state: dict[str, Any]) -> dict[str, Any]:

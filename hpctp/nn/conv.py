@@ -9,41 +9,18 @@ is its partial sum over its own output block: call ``hpctp.nn.sync_gradients(mod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .. import comm as C
-from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
 from . import _window as W
 from ._inputs import field_input, full_split
+from .init import SeededReset, init_replicated
 from .window_spec import WindowSpec
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "init_replicated"]
-
-
-def init_replicated(module: torch.nn.Module, init: Callable[[], None], grid: ProcessGrid, seed: int | None) -> None:
-    """Collective over grid. Run ``init`` so every rank gets identical parameters.
-
-    (No communication when ``seed`` is given.)
-
-    With ``seed`` the global torch RNG is forked and seeded, so the values equal those of
-    the torch layer built right after ``torch.manual_seed(seed)``, on any grid. Without a
-    seed, rank 0's values are broadcast over the grid.
-    """
-    if seed is not None:
-        if not is_int(seed) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
-            init()
-        return
-    init()
-    with torch.no_grad():
-        for p in module.parameters():
-            C.bcast(grid.comm, p.data, 0)
 
 
 class _Spatial:
@@ -74,8 +51,11 @@ class _Spatial:
         return super().extra_repr() + self._grid_repr()  # type: ignore[misc]
 
 
-class _ConvMixin(_Spatial):
+class _ConvMixin(SeededReset, _Spatial):
     _nd = 2
+
+    def _draw_parameters(self) -> None:
+        torch.nn.modules.conv._ConvNd.reset_parameters(self)  # type: ignore[arg-type]
 
     def __init__(
         self,
@@ -124,8 +104,11 @@ class _ConvMixin(_Spatial):
         return W.conv(field_input(x, self.grid, self.split, self._nd), m.weight, m.bias, self._window, self.overlap)
 
 
-class _ConvTMixin(_Spatial):
+class _ConvTMixin(SeededReset, _Spatial):
     _nd = 2
+
+    def _draw_parameters(self) -> None:
+        torch.nn.modules.conv._ConvNd.reset_parameters(self)  # type: ignore[arg-type]
 
     def __init__(
         self,

@@ -171,6 +171,14 @@ class _FeatureNorm(torch.nn.Module):
                 self.bias = self._param(torch.zeros(self.local_shape, dtype=dtype, device=device), layout)
         self._agreed = ArgumentAgreement()
 
+    def reset_parameters(self) -> None:
+        """Local. Weight one, bias zero (the values of construction)."""
+        with torch.no_grad():
+            if self.weight is not None:
+                self.weight.fill_(1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
     def _param(self, data: torch.Tensor, layout: Layout) -> torch.nn.Parameter:
         p = torch.nn.Parameter(data)
         if self.axis is not None:

@@ -39,7 +39,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import comm as C
@@ -48,8 +47,8 @@ from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, block_cuts
 from ..linalg.plan import check_panel
 from ..linalg.summa import summa_block
-from ..tensor.random import block_uniform
 from ._amp import autocast_dtype
+from .init import BlockReset, bias_seed, derive_seed, init_block
 from .sequence_parallel import ArgumentAgreement, CopyToAxis, SumOverAxis
 
 __all__ = [
@@ -62,8 +61,6 @@ __all__ = [
     "feature_cuts",
 ]
 
-_BIAS_STREAM = 0x5DEECE66D
-
 
 def _check_features(in_features: object, out_features: object) -> tuple[int, int]:
     n_in, n_out = positive_ints(in_features=in_features, out_features=out_features)
@@ -74,45 +71,6 @@ def _check_axis(grid: ProcessGrid, axis: object) -> int:
     if not is_int(axis) or not 0 <= axis < grid.ndim:
         raise ValueError(f"axis={axis!r} is not an axis of the {grid.ndim}-D grid {grid.dims}")
     return int(axis)
-
-
-def init_block(
-    layout: Layout, coords: tuple[int, ...], seed: int, bound: float, dtype: torch.dtype, device: Any
-) -> torch.Tensor:
-    """Local. The block at ``coords`` of a global ``U(-bound, bound)`` tensor, independent of the grid.
-
-    Parameters
-    ----------
-    layout : Layout
-        Layout of the global tensor.
-    coords : tuple of int
-        Grid coordinates of the block.
-    seed : int
-        Seed of :func:`hpctp.random.block_uniform`.
-    bound : float
-    dtype : torch.dtype
-    device : torch.device or str or None
-
-    Returns
-    -------
-    torch.Tensor
-        Contiguous block of shape ``layout.local_shape(coords)``.
-    """
-    vals = block_uniform(layout.global_shape, layout.local_ranges(coords), seed, -bound, bound)
-    return torch.from_numpy(np.asarray(vals, order="C")).to(dtype=dtype, device=device)
-
-
-def _bias_seed(seed: int) -> int:
-    return (int(seed) * 6364136223846793005 + _BIAS_STREAM) % 2**63
-
-
-def derive_seed(seed: int, stream: int) -> int:
-    """Local. A seed for a sub-layer (``stream`` 1, 2, ...) of a layer seeded with ``seed``.
-
-    Deterministic and grid-independent, so composite layers (attention, MLP, blocks) draw
-    each weight from its own stream and their gathered parameters do not depend on the grid.
-    """
-    return (int(seed) * 2862933555777941757 + 3037000493 * (int(stream) + 1)) % 2**63
 
 
 def feature_cuts(n: int, parts: int, cuts: Sequence[int] | None, name: str) -> tuple[int, ...]:
@@ -146,8 +104,12 @@ def _parameter(data: torch.Tensor, layout: Layout) -> torch.nn.Parameter:
     return p
 
 
+class _BlockLinear(BlockReset, torch.nn.Module):
+    """Local. What ``_init_parameters`` needs of a layer (for the type checker)."""
+
+
 def _init_parameters(
-    module: torch.nn.Module, grid: ProcessGrid, weight: Layout, bias: Layout | None, seed: int, dtype: torch.dtype,
+    module: _BlockLinear, grid: ProcessGrid, weight: Layout, bias: Layout | None, seed: int, dtype: torch.dtype,
     device: Any,
 ) -> None:  # fmt: skip
     """Local. ``module.weight`` (global ``[out, in]`` laid out as ``weight``) and ``module.bias``
@@ -155,10 +117,12 @@ def _init_parameters(
     (``U(-1/sqrt(in), 1/sqrt(in))``) as this rank's blocks of grid-independent global tensors."""
     bound = 1.0 / math.sqrt(weight.global_shape[1])
     module.weight = _parameter(init_block(weight, grid.coords, seed, bound, dtype, device), weight)
+    module._record_block("weight", weight, grid.coords, seed, bound)
     if bias is None:
         module.register_parameter("bias", None)
     else:
-        module.bias = _parameter(init_block(bias, grid.coords, _bias_seed(seed), bound, dtype, device), bias)
+        module.bias = _parameter(init_block(bias, grid.coords, bias_seed(seed), bound, dtype, device), bias)
+        module._record_block("bias", bias, grid.coords, bias_seed(seed), bound)
 
 
 def _mark_complete(module: torch.nn.Module, axes: tuple[int, ...]) -> None:
@@ -240,7 +204,7 @@ def _check_input(x: object, weight: torch.Tensor, features: int, what: str) -> E
 
 
 # ---------------------------------------------------------------------------- 1-D tensor parallel
-class ColumnParallelLinear(torch.nn.Module):
+class ColumnParallelLinear(_BlockLinear):
     """Local. ``y = x W^T + b`` with the output features split over one grid axis.
 
     Layouts: ``weight`` is the block ``[out_local, in]`` of ``W`` split ``(axis, None)``;
@@ -333,7 +297,7 @@ class ColumnParallelLinear(torch.nn.Module):
                 f"axis={self.axis}, bias={self.bias is not None}, gather_output={self.gather_output}")  # fmt: skip
 
 
-class RowParallelLinear(torch.nn.Module):
+class RowParallelLinear(_BlockLinear):
     """Local. ``y = x W^T + b`` with the input features split over one grid axis.
 
     Layouts: ``weight`` is the block ``[out, in_local]`` of ``W`` split ``(None, axis)``;
@@ -462,7 +426,7 @@ class _Summa2DLinear(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
-class Linear2D(torch.nn.Module):
+class Linear2D(_BlockLinear):
     """Local. ``Y = X W^T + b`` with ``X``, ``W`` and ``Y`` all cut over a 2-D grid (SUMMA), for huge layers.
 
     Layouts on grid ``(pr, pc)``: ``weight`` is the block ``[out_i, in_j]`` of ``W`` split

@@ -19,7 +19,8 @@ import torch
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
 from ._amp import autocast_dtype, autocast_input
-from .linear import ColumnParallelLinear, RowParallelLinear, derive_seed
+from .init import derive_seed
+from .linear import ColumnParallelLinear, RowParallelLinear
 from .sequence_parallel import ArgumentAgreement, enter_parallel_region, leave_parallel_region
 from .sequence_parallel import token_cuts as agree_token_cuts
 

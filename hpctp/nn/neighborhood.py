@@ -44,7 +44,7 @@ from ..layout import Layout
 from ._fetch import Fetch
 from ._inputs import FieldInput, field_input, full_split
 from ._window import Tie
-from .conv import init_replicated
+from .init import SeededReset, init_replicated
 
 __all__ = ["NeighborhoodAttention2d", "NeighborhoodAttention3d", "neighborhood_mask"]
 
@@ -121,12 +121,21 @@ def _windows(t: torch.Tensor, nd: int, kernel_size: Sequence[int]) -> torch.Tens
     return t.flatten(-nd)
 
 
-class _NeighborhoodAttention(torch.nn.Module):
+class _NeighborhoodAttention(SeededReset, torch.nn.Module):
     """Local. The shared code of :class:`NeighborhoodAttention2d` and ``3d``."""
 
     _nd = 2
     in_proj_weight: torch.nn.Parameter
     in_proj_bias: torch.nn.Parameter | None
+    out_proj: torch.nn.Linear
+    hpctp_resets_children = True  # reset_parameters() also draws out_proj's parameters (in construction's order)
+
+    def _draw_parameters(self) -> None:  # torch.nn.MultiheadAttention's order: out_proj, then the in-projection
+        self.out_proj.reset_parameters()
+        torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            torch.nn.init.zeros_(self.in_proj_bias)
+            torch.nn.init.zeros_(self.out_proj.bias)
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ from ..comm import ProcessGrid, check_grid
 from ..layout import Layout, block_cuts
 from ._inputs import field_input, full_split
 from ._window import Tie
-from .conv import init_replicated
+from .init import SeededReset, init_replicated
 
 __all__ = [
     "PatchEmbed2d",
@@ -203,12 +203,15 @@ def _adopt(module: torch.nn.Module, ref: Any) -> None:
         module.register_parameter("bias", None)
 
 
-class _PatchEmbed(torch.nn.Module):
+class _PatchEmbed(SeededReset, torch.nn.Module):
     """Local. The shared code of :class:`PatchEmbed2d` and ``3d``: a conv's ``weight [E, C, *p]``, ``bias [E]``."""
 
     _nd = 2
     weight: torch.nn.Parameter
     bias: torch.nn.Parameter | None
+
+    def _draw_parameters(self) -> None:  # torch's ConvNd draws
+        torch.nn.modules.conv._ConvNd.reset_parameters(self)  # type: ignore[arg-type]
 
     def __init__(
         self,
@@ -299,12 +302,15 @@ class _PatchEmbed(torch.nn.Module):
         )
 
 
-class _Unpatch(torch.nn.Module):
+class _Unpatch(SeededReset, torch.nn.Module):
     """Local. The shared code of :class:`Unpatch2d` and ``3d``: a linear's ``weight [C * prod(p), E]``, ``bias``."""
 
     _nd = 2
     weight: torch.nn.Parameter
     bias: torch.nn.Parameter | None
+
+    def _draw_parameters(self) -> None:  # torch's Linear draws
+        torch.nn.Linear.reset_parameters(self)  # type: ignore[arg-type]
 
     def __init__(
         self,

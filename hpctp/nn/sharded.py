@@ -1,35 +1,50 @@
 """Sharded data parallelism over a :class:`~hpctp.nn.ParallelPlan`'s data axes (ZeRO 1-2, FSDP).
 
 :class:`ShardedDataParallel` wraps a model built on ``plan.model_grid`` (the same on every data
-group) and keeps its training state in flat **buckets**: the trainable parameters grouped by
-device, dtype and gradient axes (:meth:`ParallelPlan.gradient_axes`: the data axes and the
-spatial axes where a parameter is replicated), each group packed into one flat buffer, of which
-every data rank owns a balanced contiguous slice (:func:`hpctp.layout.block_range`; uneven
-sizes and empty slices allowed). A parameter split over a tensor or spatial axis contributes
-its own block; it is thus split over that axis and sharded over the data axes at once.
+group) and keeps its training state in flat **buckets** (:mod:`hpctp.nn._sharded_bucket`): the
+trainable parameters grouped by device, dtype and gradient axes (:meth:`ParallelPlan.gradient_axes`:
+the data axes and the spatial axes where a parameter is replicated), each group packed into one
+flat buffer, of which every data rank owns a balanced contiguous slice
+(:class:`hpctp.layout.FlatPacking`; uneven sizes and empty slices allowed). A parameter split over
+a tensor or spatial axis contributes its own block; it is thus split over that axis and sharded
+over the data axes at once.
 
 Stages (as ZeRO / FSDP):
 
 * **0**: plain data parallelism; each bucket's gradients are all-reduced over its axes.
 * **1**: as 0, but the optimizer sees only this rank's slices (its state exists only for them);
   after the step the updated slices are all-gathered into the parameters.
-* **2**: gradients are reduce-scattered over the data axes straight into the slices (the full
-  gradient is freed as soon as it is packed), then summed over the bucket's spatial axes.
-* **3**: the parameters themselves exist only as slices between uses: each *unit* (a submodule)
-  all-gathers its buckets just before its forward and frees them after, gathers them again
-  before its backward (a hook on its outputs' gradients), and frees them once its gradients
-  are reduce-scattered. Freeing keeps the parameter objects and sets their storage's size to
-  zero (FSDP's ``untyped_storage().resize_(0)``), so autograd's saved references stay valid
-  and no version counter changes. The next unit's gather is started ahead (``prefetch``): in
-  forward order during forward, in reverse during backward.
+* **2**: gradients are reduce-scattered over the data axes straight into the slices, then summed
+  over the bucket's spatial axes.
+* **3**: the parameters themselves exist only as slices between uses: each *unit* (a submodule,
+  :mod:`hpctp.nn._sharded_units`) all-gathers its buckets just before its forward and frees them
+  after, gathers them again before its backward (a hook on its outputs' gradients), and frees
+  them once its gradients are in. Freeing keeps the parameter objects and sets their storage's
+  size to zero (FSDP's ``untyped_storage().resize_(0)``), so autograd's saved references stay
+  valid and no version counter changes. The next unit's gather is started ahead (``prefetch``):
+  in forward order during forward, in reverse during backward.
 
-Gradient messages overlap backward: a post-accumulate-grad hook on every parameter packs a
-bucket once its last gradient has arrived and starts its non-blocking all-reduce
-(:func:`hpctp.comm.iallreduce`) or reduce-scatter (:func:`hpctp.comm.ireduce_scatter`). Buckets
-start in a fixed order (reverse parameter order, or for stage 3 reverse forward order of the
-units, as DDP), a ready bucket waiting for the ones before it, so every rank of a communicator
-starts its collectives in the same order whatever order autograd runs in;
-:meth:`ShardedDataParallel.finish_gradients` waits for them.
+A model built on the ``meta`` device (:mod:`hpctp.nn.init`) never exists whole: the wrapper
+materializes one unit at a time (stage 3; stages 0-2 need the whole parameters anyway) with the
+values one process gets by building the model for real, keeps this rank's slices and frees the
+rest, so construction peaks at one unit. :func:`hpctp.io.load_checkpoint` and
+:func:`hpctp.io.save_checkpoint` then read and write each rank's slices as hyperslabs of the
+plain global checkpoint, never the whole model.
+
+Gradient messages overlap backward: a post-accumulate-grad hook on every parameter adds its
+gradient into its bucket's buffer and drops it ([Note: gradient buffers] in
+:mod:`hpctp.nn._sharded_bucket`); once a bucket's last gradient has arrived its non-blocking
+all-reduce (:func:`hpctp.comm.iallreduce`) or reduce-scatter (:func:`hpctp.comm.ireduce_scatter`)
+starts. Buckets start in a fixed order (reverse parameter order, or for stage 3 reverse forward
+order of the units, as DDP), a ready bucket waiting for the ones before it, so every rank of a
+communicator starts its collectives in the same order whatever order autograd runs in; at most
+:data:`MAX_IN_FLIGHT` messages are in flight. :meth:`ShardedDataParallel.finish_gradients` waits
+for them.
+
+Gradient accumulation: several backward passes before :meth:`~ShardedDataParallel.step` sum their
+gradients (never an average). Inside :meth:`~ShardedDataParallel.no_sync` a backward sends nothing
+and its gradients wait in the buckets (stage 3: a unit-sized buffer per bucket until the next
+synchronised backward); outside it every backward sends its buckets and the results add up.
 
 With a loss summed over :attr:`ParallelPlan.loss_axes` (e.g. ``global_mse_loss(pred, y,
 plan.grid, plan.loss_axes)``) every stage computes the gradient of the global batch, and an
@@ -39,201 +54,35 @@ parameters: the parameters equal those of one process training on the whole batc
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
-from collections import defaultdict
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import comm as C
-from ..comm import Pending
-from ..layout import block_range
 from ..tensor.core import DistTensor
+from ._sharded_bucket import Bucket, InFlight, ParamState
+from ._sharded_state import copy_value, gather_flat, optimizer_like, slice_state, state_kinds
+from ._sharded_units import Unit, choose_units, owner_units
+from .init import seeded
+from .materialize import has_meta, materialize_modules, meta_problems, reset_order
 from .parallel import bcast_tensors
 from .plan import ParallelPlan
 
-__all__ = ["ShardedDataParallel"]
+__all__ = ["ShardedDataParallel", "MAX_IN_FLIGHT"]
+
+MAX_IN_FLIGHT = 1
+"""Gradient messages in flight at once during a backward. Each holds its bucket's whole gradient buffer
+until it completes (stage 3: one unit's gradient), so more messages overlap more communication with
+backward's compute but hold that many more unit-sized buffers; at the limit, starting a message first
+waits for the oldest."""
 
 _MIB = 1 << 20
 BucketKey = tuple[torch.device, torch.dtype, tuple[int, ...]]
-
-
-class _Bucket:
-    """Local. Trainable parameters of one ``(device, dtype, gradient axes)`` group, packed into one flat
-    buffer, with this data rank's slice ``[lo, hi)`` of it and the state of the current backward."""
-
-    def __init__(self, params: list[tuple[str, torch.nn.Parameter]], axes: tuple[int, ...], plan: ParallelPlan) -> None:
-        self.names = [n for n, _ in params]
-        self.params = [p for _, p in params]
-        self.axes = axes
-        self.device, self.dtype = self.params[0].device, self.params[0].dtype
-        self.offsets = [0]
-        for p in self.params:
-            self.offsets.append(self.offsets[-1] + p.numel())
-        self.numel = self.offsets[-1]
-        ranges = [block_range(self.numel, plan.data_size, r) for r in range(plan.data_size)]
-        self.counts = [b - a for a, b in ranges]
-        self.lo, self.hi = ranges[plan.data_rank]
-        self.data_comm = plan.data_comm
-        self.comm = plan.grid.axes_comm(axes)  # stages 0-1: the whole sum in one all-reduce
-        self.spatial_comm = plan.grid.axes_comm(_spatial_part(axes, plan))  # stages 2-3: after the data part
-        self.flat: torch.Tensor | None = None  # stages 1-3: the whole parameters; they are views of it
-        self.shard: torch.nn.Parameter | None = None  # stages 1-3: this rank's slice, what the optimizer steps
-        self.gathering: Pending | None = None
-        self.gathered = True
-        self.arrived: set[int] = set()
-        self.ready = False
-        self.grad: torch.Tensor | None = None  # the packed gradient, until its message completes
-        self.shard_grad: torch.Tensor | None = None
-        self.message: Pending | None = None
-
-    # ------------------------------------------------------------------ parameters
-    def pack_parameters(self, keep_whole: bool) -> None:
-        """Local. Make the parameters views of one flat buffer and copy this rank's slice into ``shard``."""
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-            self.flat = flat
-            self._point_parameters()
-            self.shard = torch.nn.Parameter(flat[self.lo : self.hi].clone())
-        if not keep_whole:
-            self.free()
-
-    def start_gather(self, *, refresh: bool = False) -> None:
-        """Collective over the data axes (non-blocking). Refill the flat buffer from every rank's slice
-        (if freed, or with ``refresh``: stages 1-2 after a step)."""
-        if self.gathering is not None or (self.gathered and not refresh):
-            return
-        flat, shard = self._flat(), self._shard()
-        storage, size = flat.untyped_storage(), flat.numel() * flat.element_size()
-        if storage.nbytes() != size:
-            storage.resize_(size)
-        self.gathering = C.iallgatherv(self.data_comm, shard.detach(), _resizable_view(flat), self.counts)
-
-    def wait_gather(self) -> None:
-        """Local. Complete a started gather."""
-        if self.gathering is not None:
-            self.gathering.wait()
-            self.gathering = None
-            self.gathered = True
-
-    def free(self) -> None:
-        """Local. Release the flat buffer's memory (the parameter objects stay, with empty storage)."""
-        self.wait_gather()
-        if not self.gathered:
-            return
-        storage = self._flat().untyped_storage()
-        if not storage.resizable():  # a .numpy() of a parameter pinned it: move the parameters to a new buffer
-            self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-            self._point_parameters()
-            storage = self.flat.untyped_storage()
-        storage.resize_(0)
-        self.gathered = False
-
-    def _point_parameters(self) -> None:
-        flat = self._flat()
-        for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
-            p.data = flat[a:b].view_as(p)
-
-    def _flat(self) -> torch.Tensor:
-        if self.flat is None:
-            raise RuntimeError("ShardedDataParallel: stage 0 keeps no flat parameter buffers")
-        return self.flat
-
-    def _shard(self) -> torch.nn.Parameter:
-        if self.shard is None:
-            raise RuntimeError("ShardedDataParallel: stage 0 keeps no parameter slices")
-        return self.shard
-
-    # ------------------------------------------------------------------ gradients
-    def pack_gradients(self) -> None:
-        """Local. Copy the gradients (zeros where None) into one flat buffer and drop the parameters' own."""
-        with torch.no_grad():
-            parts = [
-                p.grad.reshape(-1)
-                if p.grad is not None
-                else torch.zeros(p.numel(), dtype=self.dtype, device=self.device)
-                for p in self.params
-            ]
-            self.grad = torch.cat(parts) if parts else torch.zeros(0, dtype=self.dtype, device=self.device)
-        for p in self.params:
-            p.grad = None
-        self.ready = True
-
-    def launch(self, stage: int) -> None:
-        """Collective over the bucket's axes (non-blocking). Start summing the packed gradient."""
-        grad = self._grad()
-        if stage <= 1:
-            if self.comm.Get_size() > 1:
-                self.message = C.iallreduce(self.comm, grad)
-            return
-        self.shard_grad = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
-        self.message = C.ireduce_scatter(self.data_comm, grad, self.shard_grad, self.counts)
-
-    def complete(self, stage: int) -> None:
-        """Local. Wait for the gradient message and hand the sum to the parameters (stage 0) or the slice."""
-        if self.message is not None:
-            self.message.wait()
-            self.message = None
-        grad = self._grad()
-        if stage == 0:
-            for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
-                p.grad = grad[a:b].view_as(p)
-        elif stage == 1:
-            self._shard().grad = grad[self.lo : self.hi].clone()
-        else:
-            self._shard().grad = self.shard_grad
-        self.grad = self.shard_grad = None
-
-    def reset(self) -> None:
-        """Local. Forget the finished backward."""
-        self.arrived.clear()
-        self.ready = False
-
-    def _grad(self) -> torch.Tensor:
-        if self.grad is None:
-            raise RuntimeError("ShardedDataParallel: a bucket's gradient was sent before it was packed")
-        return self.grad
-
-
-class _Unit:
-    """Local. A submodule whose buckets stage 3 gathers before its forward and backward."""
-
-    def __init__(self, module: torch.nn.Module, name: str) -> None:
-        self.module = module
-        self.name = name
-        self.buckets: list[_Bucket] = []
-
-    def start_gather(self) -> None:
-        """Collective over the data axes (non-blocking)."""
-        for b in self.buckets:
-            b.start_gather()
-
-    def gather(self) -> None:
-        """Collective over the data axes. The whole parameters, now."""
-        self.start_gather()
-        for b in self.buckets:
-            b.wait_gather()
-
-    def free(self) -> None:
-        """Local."""
-        for b in self.buckets:
-            b.free()
-
-
-def _spatial_part(axes: tuple[int, ...], plan: ParallelPlan) -> tuple[int, ...]:
-    return tuple(a for a in axes if a not in plan.data_axes)
-
-
-def _resizable_view(t: torch.Tensor) -> Any:
-    """Local. ``t`` as a buffer for MPI that leaves its storage resizable. The comm layer hands CPU
-    tensors to MPI through ``.numpy()``, which fixes a storage's size for good; stage 3 resizes
-    the flat buffers, so they go as numpy arrays over the same memory (DLPack; bfloat16 as int16)."""
-    if t.device.type != "cpu":
-        return t
-    return np.from_dlpack(t.detach().view(torch.int16) if t.dtype == torch.bfloat16 else t.detach())
 
 
 def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
@@ -255,11 +104,14 @@ class ShardedDataParallel(torch.nn.Module):
     """Collective over grid. A model trained on the data axes of ``plan`` with its state sharded (ZeRO/FSDP).
 
     See the module docstring for the stages. The model is built on ``plan.model_grid``; data rank
-    0's parameters and buffers are broadcast to the other data groups at construction.
+    0's parameters and buffers are broadcast to the other data groups at construction (a model on
+    ``meta`` is materialized instead, with the same values on every rank).
 
     Training step::
 
-        sdp = ShardedDataParallel(model, plan, stage=3)
+        with torch.device("meta"):          # optional: nothing is allocated here
+            model = build(plan.model_grid)
+        sdp = ShardedDataParallel(model, plan, stage=3, seed=0)
         opt = torch.optim.Adam(sdp.parameters(), lr=1e-3)
         loss = global_mse_loss(sdp(x), y, plan.grid, plan.loss_axes)
         loss.backward()          # gradient messages start from hooks during backward
@@ -270,7 +122,9 @@ class ShardedDataParallel(torch.nn.Module):
     ----------
     model : torch.nn.Module
         Built on ``plan.model_grid``, identical on every data group (parameters split over its
-        axes carry ``hpctp_layout``). Do not move or re-create its parameters afterwards.
+        axes carry ``hpctp_layout``), or built on the ``meta`` device (every hpctp layer can be;
+        other modules need a ``reset_parameters()``). Do not move or re-create its parameters
+        afterwards.
     plan : ParallelPlan
     stage : {0, 1, 2, 3}
         What is sharded over the data axes: nothing, optimizer state, + gradients, + parameters.
@@ -289,6 +143,14 @@ class ShardedDataParallel(torch.nn.Module):
         parent calls its methods directly (as :class:`ParallelMLP` does with its linears) must
         not be a unit. Default: the model's children holding trainable parameters (the
         elements of a ModuleList or ModuleDict child, e.g. each block of a stack).
+    seed : int, optional
+        A model on ``meta``: initialise it as one process would after ``torch.manual_seed(seed)``
+        (layers built with their own ``seed=`` draw from it either way). None: from the current
+        torch generator, which must then be in the same state on every rank (checked).
+    device : torch.device or str, optional
+        A model on ``meta``: where its slices (and buffers) live; default this rank's GPU
+        (:func:`hpctp.comm.current_device`) if one was selected, else the CPU. Values are
+        computed on the CPU, one unit at a time, so they do not depend on the device.
 
     Attributes
     ----------
@@ -296,34 +158,37 @@ class ShardedDataParallel(torch.nn.Module):
         The wrapped model.
     plan : ParallelPlan
     stage : int
+    flat_buckets : tuple of Bucket
+        The buckets (read-only; what checkpoints read and write).
 
     Raises
     ------
     TypeError
         If ``model`` is not a Module or ``plan`` not a ParallelPlan.
     ValueError
-        On a bad ``stage``, ``bucket_mib`` or unit, a ``hpctp_layout`` not of ``plan.model_grid``,
-        a parameter shared by two units, or models that differ between ranks.
+        On a bad ``stage``, ``bucket_mib``, ``seed`` or unit, a ``hpctp_layout`` not of
+        ``plan.model_grid``, a parameter shared by two units, models that differ between ranks,
+        or a meta model some of whose tensors have no way to be initialised (naming them) or
+        whose generator state differs between ranks.
     All raised on every rank.
 
     Notes
     -----
-    Limits: one backward per step (gradient accumulation over several backward passes raises
-    a RuntimeError; sum the micro-batches' losses instead); a trainable parameter that gets no
-    gradient counts as zero (torch's optimizers would skip it); frozen parameters stay whole
-    and are not stepped. Stages 1-3 need an optimizer with one param group over
-    :meth:`parameters` that is elementwise (Adam, AdamW, SGD, RMSprop, Adagrad...: per-element
-    state and per-parameter scalars such as ``step``); one that looks at whole tensors (LBFGS,
-    norm-based trust ratios, gradient clipping by a norm) steps differently on slices, and state
-    that is neither per element nor a scalar raises a ValueError in :meth:`gathered`. Stage 3
-    needs units called through ``__call__`` (module hooks) and parameters used only inside their
-    unit; outside forward and backward the model's parameters have no storage, so read them only
-    inside :meth:`gathered` (reading them elsewhere is undefined). Stages 2-3 sum a bucket's
-    spatial part (replicated parameters of spatially split layers) on the slices in
-    :meth:`finish_gradients`, after the overlapped reduce-scatter. Gradients must be dense.
-    ``state_dict()`` of the wrapper is not the model's: save with
-    :func:`hpctp.io.save_checkpoint` or read it inside :meth:`gathered`. Move the model to its
-    device and dtype before wrapping.
+    A trainable parameter that gets no gradient counts as zero (torch's optimizers would skip
+    it); frozen parameters stay whole and are not stepped. Stages 1-3 need an optimizer with one
+    param group over :meth:`parameters` that is elementwise (Adam, AdamW, SGD, RMSprop,
+    Adagrad...: per-element state and per-parameter scalars such as ``step``); one that looks at
+    whole tensors (LBFGS, norm-based trust ratios, gradient clipping by a norm) steps differently
+    on slices, and state that is neither per element nor a scalar raises a ValueError in
+    :meth:`gathered`. Stage 3 needs units called through ``__call__`` (module hooks) and
+    parameters used only inside their unit; outside forward and backward the model's parameters
+    have no storage, so read them only inside :meth:`gathered` (reading them elsewhere is
+    undefined). A module's ``reset_parameters()`` may set its own tensors and those of its
+    sub-modules in the same unit. Stages 2-3 sum a bucket's spatial part (replicated parameters
+    of spatially split layers) on the slices in :meth:`finish_gradients`, after the overlapped
+    reduce-scatter. Gradients must be dense. ``state_dict()`` of the wrapper is not the model's:
+    save with :func:`hpctp.io.save_checkpoint` or read it inside :meth:`gathered`. Move a real
+    model to its device and dtype before wrapping.
     """
 
     def __init__(
@@ -336,6 +201,8 @@ class ShardedDataParallel(torch.nn.Module):
         overlap: bool = True,
         prefetch: bool = True,
         units: Sequence[torch.nn.Module] | None = None,
+        seed: int | None = None,
+        device: Any = None,
     ) -> None:
         super().__init__()
         if not isinstance(plan, ParallelPlan):
@@ -344,60 +211,80 @@ class ShardedDataParallel(torch.nn.Module):
         axes: list[tuple[int, ...]] = []
         trainable: list[tuple[str, torch.nn.Parameter]] = []
         chosen: list[torch.nn.Module] = []
+        meta = False
+        target = torch.device("cpu")
         try:
-            _check_arguments(model, stage, bucket_mib, units)
-            chosen = _choose_units(model, units) if stage == 3 else []
+            _check_arguments(model, stage, bucket_mib, units, seed)
+            chosen = choose_units(model, units) if stage == 3 else []
             trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             axes = [plan.gradient_axes(p, n) for n, p in trainable]
+            meta = has_meta(model)
+            if meta:
+                problems = meta_problems(reset_order(model))
+                if problems:
+                    raise ValueError("ShardedDataParallel: " + "; ".join(problems[:5]) + _META_FIX)
+            target = _target_device(device, meta)
         except (TypeError, ValueError) as e:
             error = e
+        generator = zlib.crc32(torch.get_rng_state().numpy().tobytes()) if meta and seed is None else 0
         C.agree_arguments(
             plan.grid.comm, "ShardedDataParallel", error, stage=stage, bucket_mib=bucket_mib, overlap=overlap,
-            prefetch=prefetch, names=[n for n, _ in trainable], axes=axes,
+            prefetch=prefetch, names=[n for n, _ in trainable], axes=axes, meta=meta, seed=seed,
+            generator_state=generator,
         )  # fmt: skip
-        for key in sorted({a for ax in axes for a in (ax, _spatial_part(ax, plan))}):
+        for key in sorted({a for ax in axes for a in (ax, tuple(x for x in ax if x not in plan.data_axes))}):
             plan.grid.axes_comm(key)  # collective on first use: every rank creates them here, in one order
         self.module = model
         self.plan = plan
         self.stage = int(stage)
         self.overlap, self.prefetch = bool(overlap), bool(prefetch)
-        bcast_tensors(plan.data_comm, [*model.parameters(), *model.buffers()])
+        if not meta:
+            bcast_tensors(plan.data_comm, [*model.parameters(), *model.buffers()])
         grad_axes = {id(p): a for (_, p), a in zip(trainable, axes)}
-        self._units: list[_Unit] = []
+        self._units: list[Unit] = []
         if self.stage == 3:
-            self._units = self._make_units(model, chosen, trainable, grad_axes)
+            self._units = self._make_units(model, chosen, trainable, grad_axes, target if meta else None)
             self._buckets = [b for u in self._units for b in u.buckets]
             self._order = [b for u in reversed(self._units) for b in u.buckets]
         else:
-            self._buckets = self._make_buckets(trainable, grad_axes, float(bucket_mib) * _MIB)
+            self._buckets = self._make_buckets(trainable, grad_axes, float(bucket_mib) * _MIB, target if meta else None)
             self._order = list(self._buckets)
-        for b in self._buckets:
-            if self.stage >= 1:
-                b.pack_parameters(keep_whole=self.stage < 3)
+        self._slot = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+        self._unit_of = {id(b): u for u in self._units for b in u.buckets}
+        if meta:
+            self._materialize(model, chosen, seed, target)
+        else:
+            for b in self._buckets:
+                b.take(range(len(b.params)))
+        self._sync = True  # False inside no_sync(): backward sends nothing
         self._active = False  # a backward has run since the last finish_gradients
-        self._next = 0  # the first bucket of _order whose message is not started
-        self._forward_seen: list[_Unit] | None = [] if self.stage == 3 else None
+        self._sent = False  # a bucket was sent since the last finish_gradients
+        self._next = 0  # the first bucket of _order whose message is not started in this round
+        self._ready: set[int] = set()  # ids of buckets complete and waiting for their turn
+        self._in_flight: collections.deque[InFlight] = collections.deque()
+        self._forward_seen: list[Unit] | None = [] if self.stage == 3 else None
         self._handles = self._register_hooks()
 
     # ------------------------------------------------------------------ construction
     def _make_buckets(
-        self, trainable: list[tuple[str, torch.nn.Parameter]], axes: dict[int, tuple[int, ...]], cap: float
-    ) -> list[_Bucket]:
+        self, trainable: list[tuple[str, torch.nn.Parameter]], axes: dict[int, tuple[int, ...]], cap: float,
+        meta_device: torch.device | None,
+    ) -> list[Bucket]:  # fmt: skip
         """Local. Buckets of at most ``cap`` bytes (one parameter may exceed it), in reverse parameter order
         (a bucket's place: where its first parameter comes)."""
         filling: dict[BucketKey, list[tuple[str, torch.nn.Parameter]]] = {}
         size: dict[BucketKey, int] = {}
-        made: list[tuple[tuple[int, ...], list[tuple[str, torch.nn.Parameter]]]] = []
+        made: list[tuple[BucketKey, list[tuple[str, torch.nn.Parameter]]]] = []
         for name, p in reversed(trainable):
-            key = (p.device, p.dtype, axes[id(p)])
+            key = (meta_device or p.device, p.dtype, axes[id(p)])
             if key not in filling:
                 filling[key], size[key] = [], 0
-                made.append((key[2], filling[key]))
+                made.append((key, filling[key]))
             filling[key].append((name, p))
             size[key] += p.numel() * p.element_size()
             if size[key] >= cap:
                 del filling[key]
-        return [_Bucket(params, bucket_axes, self.plan) for bucket_axes, params in made]
+        return [Bucket(params, key[2], self.plan, self.stage, key[0]) for key, params in made]
 
     def _make_units(
         self,
@@ -405,21 +292,55 @@ class ShardedDataParallel(torch.nn.Module):
         chosen: list[torch.nn.Module],
         trainable: list[tuple[str, torch.nn.Parameter]],
         axes: dict[int, tuple[int, ...]],
-    ) -> list[_Unit]:
+        meta_device: torch.device | None,
+    ) -> list[Unit]:
         """Local. Units (innermost owner of each parameter) with one bucket per group of each."""
         names = {id(m): n for n, m in model.named_modules()}
-        owner: dict[int, torch.nn.Module] = {}
-        for m in sorted(chosen, key=lambda m: names[id(m)].count(".") + bool(names[id(m)])):  # outer first
-            for p in m.parameters():
-                owner[id(p)] = m
-        made = {id(m): _Unit(m, names[id(m)]) for m in chosen}
+        owner = {id(p): owner_units(model, chosen)[id(m)] for m in model.modules() for p in m.parameters(recurse=False)}
+        made = {id(m): Unit(m, names[id(m)]) for m in chosen}
         for unit in made.values():
             mine = [(n, p) for n, p in trainable if owner[id(p)] is unit.module]
-            groups: dict[BucketKey, list[tuple[str, torch.nn.Parameter]]] = defaultdict(list)
+            groups: dict[BucketKey, list[tuple[str, torch.nn.Parameter]]] = collections.defaultdict(list)
             for n, p in mine:
-                groups[(p.device, p.dtype, axes[id(p)])].append((n, p))
-            unit.buckets = [_Bucket(ps, key[2], self.plan) for key, ps in groups.items()]
+                groups[(meta_device or p.device, p.dtype, axes[id(p)])].append((n, p))
+            unit.buckets = [Bucket(ps, key[2], self.plan, self.stage, key[0]) for key, ps in groups.items()]
         return [made[id(m)] for m in chosen if made[id(m)].buckets]
+
+    def _materialize(
+        self, model: torch.nn.Module, chosen: list[torch.nn.Module], seed: int | None, device: Any
+    ) -> None:
+        """Local. Values for a model built on ``meta``, computed on the CPU one group of modules at a time
+        (stage 3: a unit; stages 0-2: the model, whose parameters stay whole), handed to the buckets,
+        then freed. Groups run in :func:`~hpctp.nn.materialize.reset_order`, so the generator is
+        consumed as construction would."""
+        order = reset_order(model)
+        owner = owner_units(model, chosen) if self.stage == 3 else {}
+        groups: list[list[tuple[str, torch.nn.Module, bool]]] = []
+        for item in order:
+            if groups and owner.get(id(item[1])) is owner.get(id(groups[-1][-1][1])):
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+        with seeded(seed):
+            for group in groups:
+                materialize_modules(group, "cpu")
+                taken: dict[int, list[int]] = collections.defaultdict(list)
+                with torch.no_grad():
+                    for _, m, _ in group:
+                        for p in m.parameters(recurse=False):
+                            if id(p) in self._slot:
+                                b, i = self._slot[id(p)]
+                                taken[id(b)].append(i)
+                            else:  # frozen: stays whole
+                                p.data = p.data.to(device)
+                        for name, buf in m.named_buffers(recurse=False):
+                            m._buffers[name] = buf.to(device)
+                    for b in self._buckets:
+                        if id(b) in taken:
+                            if self.stage == 0:
+                                for i in taken[id(b)]:
+                                    b.params[i].data = b.params[i].data.to(device)
+                            b.take(taken[id(b)])
 
     def _register_hooks(self) -> list[Any]:
         handles = []
@@ -432,6 +353,11 @@ class ShardedDataParallel(torch.nn.Module):
         return handles
 
     # ------------------------------------------------------------------ parameters
+    @property
+    def flat_buckets(self) -> tuple[Bucket, ...]:
+        """Local. The buckets (read-only): packing, this rank's slice and its pieces of each parameter."""
+        return tuple(self._buckets)
+
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, torch.nn.Parameter]]:
@@ -454,18 +380,7 @@ class ShardedDataParallel(torch.nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Collective over grid. The model's forward (stage 3 gathers each unit's parameters around its own).
-
-        Raises
-        ------
-        RuntimeError
-            If a backward's gradients were not finished (:meth:`step` or :meth:`finish_gradients`).
-        """
-        if self._active:
-            raise RuntimeError(
-                "ShardedDataParallel: forward after a backward whose gradients were not finished; "
-                "call sdp.step(optimizer) (or sdp.finish_gradients()) after each backward"
-            )
+        """Collective over grid. The model's forward (stage 3 gathers each unit's parameters around its own)."""
         out = self.module(*args, **kwargs)
         if self.stage == 3:
             for u in self._units:
@@ -482,11 +397,11 @@ class ShardedDataParallel(torch.nn.Module):
         self._order = [b for u in reversed(self._units) for b in u.buckets]
         self._forward_seen = None
 
-    def _neighbour(self, unit: _Unit, step: int) -> _Unit | None:
+    def _neighbour(self, unit: Unit, step: int) -> Unit | None:
         i = self._units.index(unit) + step
         return self._units[i] if 0 <= i < len(self._units) else None
 
-    def _before_forward(self, unit: _Unit, _module: torch.nn.Module, _args: Any) -> None:
+    def _before_forward(self, unit: Unit, _module: torch.nn.Module, _args: Any) -> None:
         if self._forward_seen is not None and unit not in self._forward_seen:
             self._forward_seen.append(unit)
         unit.gather()
@@ -494,79 +409,109 @@ class ShardedDataParallel(torch.nn.Module):
         if self.prefetch and nxt is not None:
             nxt.start_gather()
 
-    def _after_forward(self, unit: _Unit, _module: torch.nn.Module, _args: Any, output: Any) -> None:
+    def _after_forward(self, unit: Unit, _module: torch.nn.Module, _args: Any, output: Any) -> None:
         if torch.is_grad_enabled():
             for t in _tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(functools.partial(self._before_backward, unit))
         unit.free()
 
-    def _before_backward(self, unit: _Unit, _grad: torch.Tensor) -> None:
-        unit.gather()
+    def _before_backward(self, unit: Unit, _grad: torch.Tensor) -> None:
+        unit.gather()  # (idempotent: it runs once per output of the unit; a prefetched unit is waited for)
+
+    def _unit_done(self, unit: Unit) -> None:
+        """Stage 3, backward: every gradient of ``unit`` is in. Its parameters are already freed; only now is the
+        unit before it prefetched, so a backward holds two units' parameters at once only briefly, never beside
+        a unit's gradients being computed ([Note: gradient buffers])."""
         prev = self._neighbour(unit, -1)
         if self.prefetch and prev is not None:
             prev.start_gather()
 
     # ------------------------------------------------------------------ gradients
-    def _on_gradient(self, bucket: _Bucket, index: int, _param: torch.nn.Parameter) -> None:
-        if bucket.ready or index in bucket.arrived:
-            raise RuntimeError(
-                "ShardedDataParallel: a second backward before the gradients were finished; gradient "
-                "accumulation over several backward passes is not supported (sum the losses, or call "
-                "sdp.step(optimizer) after each backward)"
-            )
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Local. Backward passes inside send no gradient message: their gradients are summed in the
+        buckets and sent with the next synchronised backward or :meth:`finish_gradients` (gradient
+        accumulation over micro-batches; stage 3 then holds one unit-sized gradient buffer per bucket)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def _on_gradient(self, bucket: Bucket, index: int, param: torch.nn.Parameter) -> None:
+        grad, param.grad = param.grad, None  # [Note: gradient buffers]
+        if grad is None:
+            return
         self._active = True
-        bucket.arrived.add(index)
-        if len(bucket.arrived) == len(bucket.params):
-            self._bucket_ready(bucket)
-            if self.overlap:
-                self._launch_ready()
+        complete = bucket.add_gradient(index, grad)
+        del grad
+        if complete:
+            bucket.end_backward()
+            if self.stage == 3:
+                bucket.free()
+                unit = self._unit_of[id(bucket)]
+                if all(b.state is not ParamState.UNSHARDED and not b.arrived for b in unit.buckets):
+                    self._unit_done(unit)
+            if self._sync:
+                self._ready.add(id(bucket))
+                if self.overlap:
+                    self._launch_ready()
         if self.overlap:
             self._progress()
 
     def _progress(self) -> None:
-        """Local. Let MPI advance the messages in flight (a ``Test`` each): without a progress thread,
-        a large message moves only while its process is inside MPI, so backward's hooks poke it."""
-        for bucket in self._order[: self._next]:
-            if bucket.message is not None:
-                bucket.message.test()
-
-    def _bucket_ready(self, bucket: _Bucket) -> None:
-        bucket.pack_gradients()
-        if self.stage == 3:
-            bucket.free()
+        """Local. Let MPI advance the messages in flight (a ``Test`` each) and release the finished ones'
+        buffers: without a progress thread, a large message moves only while its process is inside
+        MPI, so backward's hooks poke it."""
+        done = [m for m in self._in_flight if m.test()]
+        for m in done:
+            self._in_flight.remove(m)
+            m.finish()
 
     def _launch_ready(self) -> None:
-        """Start the messages of the ready buckets at the head of the fixed order."""
-        while self._next < len(self._order) and self._order[self._next].ready:
-            self._order[self._next].launch(self.stage)
-            self._next += 1
+        """Start the messages of the ready buckets at the head of the fixed order (a new round after the last)."""
+        while self._order and id(self._order[self._next]) in self._ready:
+            bucket = self._order[self._next]
+            self._ready.discard(id(bucket))
+            self._in_flight.append(bucket.send())
+            self._sent = True
+            while len(self._in_flight) > MAX_IN_FLIGHT:
+                self._in_flight.popleft().finish()
+            self._next = (self._next + 1) % len(self._order)
+            if self._next == 0:
+                break
 
     def finish_gradients(self) -> None:
-        """Collective over grid. Wait for every gradient message of the last backward.
+        """Collective over grid. Wait for every gradient message of the backward passes since the last call.
 
         Buckets whose messages have not started (a parameter without a gradient counts as zeros)
-        start now, in order. Afterwards stage 0's parameters hold the gradient of the global batch
-        and stages 1-3's slices (:meth:`parameters`) their part of it. Nothing happens when no
-        backward ran since the last call.
+        start now, in order, and gradients summed inside :meth:`no_sync` are sent. Afterwards
+        stage 0's parameters hold the gradient of the global batch and stages 1-3's slices
+        (:meth:`parameters`) their part of it. Nothing happens when no backward ran since the last
+        call.
         """
         if not self._active:
             return
-        for b in self._order:
-            if not b.ready:
-                self._bucket_ready(b)
-        self._launch_ready()
+        if self._next > 0:  # finish the round under way
+            self._ready.update(id(b) for b in self._order[self._next :])
+            self._launch_ready()
+        if not self._sent or any(b.pending for b in self._order):  # one more round for what waits
+            self._ready.update(id(b) for b in self._order)
+            self._launch_ready()
+        while self._in_flight:
+            self._in_flight.popleft().finish()
         for b in self._buckets:
-            b.complete(self.stage)
+            b.hand_out()
+            b.end_backward()
         if self.stage >= 2:
             spatial = [b for b in self._buckets if b.spatial_comm.Get_size() > 1]
             C.waitall([C.iallreduce(b.spatial_comm, b._shard().grad) for b in spatial])  # type: ignore[arg-type]
         for u in self._units:
             u.free()
-        for b in self._buckets:
-            b.reset()
+        self._ready.clear()
         self._next = 0
-        self._active = False
+        self._active = self._sent = False
 
     # ------------------------------------------------------------------ step
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -620,9 +565,10 @@ class ShardedDataParallel(torch.nn.Module):
         duration) and an optimizer of ``optimizer``'s class over ``model.parameters()`` in one
         param group, with ``optimizer``'s hyperparameters and its state gathered and cut per
         parameter (each parameter's own block, in torch's convention; stage 0: ``optimizer``
-        itself). This is what :func:`hpctp.io.save_checkpoint` writes. With ``write_back``,
-        changes made inside (e.g. by :func:`hpctp.io.load_checkpoint`) go back to the slices
-        and ``optimizer`` when the block exits without an exception.
+        itself). With ``write_back``, changes made inside go back to the slices and
+        ``optimizer`` when the block exits without an exception. This holds the whole model (and
+        optimizer state) on every rank: checkpoints do not need it (:func:`hpctp.io.save_checkpoint`
+        writes the slices).
 
         Parameters
         ----------
@@ -662,7 +608,7 @@ class ShardedDataParallel(torch.nn.Module):
         error: Exception | None = None
         kinds: list[list[tuple[str, str]]] = []
         try:
-            kinds = [_state_kinds(optimizer.state.get(b._shard(), {}), b) for b in self._buckets]
+            kinds = [state_kinds(optimizer.state.get(b._shard(), {}), b) for b in self._buckets]
         except ValueError as e:
             error = e
         every = sorted({pair for bucket_kinds in kinds for pair in bucket_kinds})  # bucket counts may differ
@@ -670,14 +616,14 @@ class ShardedDataParallel(torch.nn.Module):
         state: dict[torch.nn.Parameter, dict[str, Any]] = {}
         for b, bucket_kinds in zip(self._buckets, kinds):
             st = optimizer.state.get(b._shard(), {})
-            wholes = {k: _gather_flat(b, st[k]) for k, kind in bucket_kinds if kind == "elementwise"}
+            wholes = {k: gather_flat(b, st[k]) for k, kind in bucket_kinds if kind == "elementwise"}
             for p, lo, hi in zip(b.params, b.offsets, b.offsets[1:]):
                 if bucket_kinds:
                     state[p] = {
-                        k: wholes[k][lo:hi].view_as(p).clone() if kind == "elementwise" else _copy(st[k])
+                        k: wholes[k][lo:hi].view_as(p).clone() if kind == "elementwise" else copy_value(st[k])
                         for k, kind in bucket_kinds
                     }
-        return _optimizer_like(optimizer, list(self.module.parameters()), state)
+        return optimizer_like(optimizer, list(self.module.parameters()), state)
 
     def _write_back(self, optimizer: torch.optim.Optimizer | None, view: torch.optim.Optimizer | None) -> None:
         with torch.no_grad():
@@ -689,7 +635,7 @@ class ShardedDataParallel(torch.nn.Module):
             if k != "params":
                 optimizer.param_groups[0][k] = v
         for b in self._buckets:
-            optimizer.state[b._shard()] = _slice_state(b, [view.state.get(p, {}) for p in b.params])
+            optimizer.state[b._shard()] = slice_state(b, [view.state.get(p, {}) for p in b.params])
 
     def extra_repr(self) -> str:
         return (
@@ -698,8 +644,22 @@ class ShardedDataParallel(torch.nn.Module):
         )
 
 
-# ---------------------------------------------------------------------- checks and optimizer state
-def _check_arguments(model: object, stage: object, bucket_mib: object, units: object) -> None:
+_META_FIX = (
+    "; give their module a reset_parameters() that sets them (as torch's layers have), or build it on a real device"
+)
+
+
+def _target_device(device: Any, meta: bool) -> torch.device:
+    """Local. Where a meta model's slices live (a real model's stay where its parameters are)."""
+    if device is not None:
+        return torch.device(device)
+    if not meta:
+        return torch.device("cpu")
+    gpu = C.current_device()
+    return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
+
+
+def _check_arguments(model: object, stage: object, bucket_mib: object, units: object, seed: object) -> None:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"ShardedDataParallel: model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
@@ -708,146 +668,5 @@ def _check_arguments(model: object, stage: object, bucket_mib: object, units: ob
         raise ValueError(f"ShardedDataParallel: bucket_mib must be a positive number, got {bucket_mib!r}")
     if units is not None and stage != 3:
         raise ValueError(f"ShardedDataParallel: units= applies to stage 3 only, got stage={stage}")
-
-
-def _choose_units(model: torch.nn.Module, units: Sequence[torch.nn.Module] | None) -> list[torch.nn.Module]:
-    """Local. Stage 3's units: ``model`` itself, then ``units`` (default :func:`_default_units`).
-
-    Raises
-    ------
-    ValueError
-        If a unit is not a submodule of ``model``, or two units that do not nest share a parameter.
-    """
-    chosen = _default_units(model) if units is None else list(units)
-    inside = {id(m) for m in model.modules()}
-    bad = [type(u).__name__ for u in chosen if not isinstance(u, torch.nn.Module) or id(u) not in inside]
-    if bad:
-        raise ValueError(f"ShardedDataParallel: units {bad} are not submodules of the model; list its own modules")
-    if not any(u is model for u in chosen):
-        chosen.insert(0, model)  # the parameters in no other unit; it runs first
-    _check_nesting(chosen)
-    return chosen
-
-
-def _default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Local. The model's children that hold trainable parameters (those of a ModuleList or ModuleDict, which
-    is never called itself; ParameterLists stay with their parent)."""
-    out: list[torch.nn.Module] = []
-    for child in model.children():
-        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-            out += _default_units(child)
-        elif not isinstance(child, (torch.nn.ParameterList, torch.nn.ParameterDict)):
-            if any(p.requires_grad for p in child.parameters()):
-                out.append(child)
-    return out
-
-
-def _check_nesting(units: list[torch.nn.Module]) -> None:
-    """A parameter held by two units that do not nest (tied weights) would be used while freed."""
-    holders: dict[int, list[int]] = defaultdict(list)
-    for i, u in enumerate(units):
-        for p in u.parameters():
-            holders[id(p)].append(i)
-    inside = [{id(m) for m in u.modules()} for u in units]
-    for held in holders.values():
-        for i in held:
-            for j in held:
-                if i < j and id(units[j]) not in inside[i] and id(units[i]) not in inside[j]:
-                    raise ValueError(
-                        f"ShardedDataParallel: units {type(units[i]).__name__} and {type(units[j]).__name__} share "
-                        "a parameter (tied weights) but do not nest; pass units= with a module holding both"
-                    )
-
-
-def _state_kinds(state: dict[str, Any], bucket: _Bucket) -> list[tuple[str, str]]:
-    """Each optimizer state entry of a slice: ``elementwise`` (one value per element), ``tensor`` (0-d) or ``number``.
-
-    Raises
-    ------
-    ValueError
-        On other state.
-    """
-    out = []
-    for k in sorted(state):
-        v = state[k]
-        if isinstance(v, torch.Tensor) and tuple(v.shape) == (bucket.hi - bucket.lo,):
-            out.append((k, "elementwise"))
-        elif isinstance(v, torch.Tensor) and v.ndim == 0:
-            out.append((k, "tensor"))
-        elif isinstance(v, (bool, int, float)):
-            out.append((k, "number"))
-        else:
-            shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-            raise ValueError(
-                f"ShardedDataParallel: optimizer state {k!r} of a slice of {bucket.hi - bucket.lo} elements is {shape}; "
-                "only per-element state and scalars can be cut per parameter (use an elementwise optimizer)"
-            )
-    return out
-
-
-def _gather_flat(bucket: _Bucket, part: torch.Tensor) -> torch.Tensor:
-    """Collective over the data axes. Every rank's slice of a per-element state: the whole flat tensor."""
-    whole = torch.empty(bucket.numel, dtype=part.dtype, device=part.device)
-    C.iallgatherv(bucket.data_comm, part.detach().contiguous(), whole, bucket.counts).wait()
-    return whole
-
-
-def _copy(v: Any) -> Any:
-    return v.detach().clone() if isinstance(v, torch.Tensor) else v
-
-
-def _slice_state(bucket: _Bucket, states: list[dict[str, Any]]) -> dict[str, Any]:
-    """Local. The state of the bucket's slice from its parameters' states (the reverse of the gather).
-
-    Raises
-    ------
-    ValueError
-        If the parameters' states have different keys or scalars.
-    """
-    keys = sorted(states[0]) if states else []
-    if any(sorted(s) != keys for s in states):
-        raise ValueError(
-            f"ShardedDataParallel: the parameters {bucket.names} have different optimizer state keys; "
-            "they share one flat slice and must be stepped together"
-        )
-    out: dict[str, Any] = {}
-    for k in keys:
-        values = [s[k] for s in states]
-        if _is_elementwise(k, values, bucket.params):
-            whole = torch.cat([v.detach().reshape(-1) for v in values])
-            out[k] = whole[bucket.lo : bucket.hi].clone()
-        else:
-            first = values[0]
-            if any(not _same(first, v) for v in values[1:]):
-                raise ValueError(f"ShardedDataParallel: optimizer state {k!r} differs between {bucket.names}")
-            out[k] = _copy(first)
-    return out
-
-
-def _is_elementwise(key: str, values: list[Any], params: list[torch.nn.Parameter]) -> bool:
-    if not all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, params)):
-        return False
-    return any(p.ndim > 0 for p in params) or key != "step"
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return bool(a.shape == b.shape and torch.equal(a.cpu(), b.cpu()))
-    return bool(a == b)
-
-
-def _optimizer_like(
-    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], state: dict[torch.nn.Parameter, dict[str, Any]]
-) -> torch.optim.Optimizer:
-    """Local. An optimizer of ``optimizer``'s class and hyperparameters over ``params`` holding ``state``
-    (made without its constructor, as ``copy`` does, so any optimizer class works)."""
-    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-    view = type(optimizer).__new__(type(optimizer))
-    view.__setstate__(
-        {
-            "defaults": dict(optimizer.defaults),
-            "state": defaultdict(dict, state),
-            "param_groups": [{**group, "params": params}],
-        }
-    )
-    return view
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"ShardedDataParallel: seed must be a non-negative int or None, got {seed!r}")

@@ -13,8 +13,9 @@ import torch
 from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
 from ._inputs import full_split
-from .conv import _Spatial, init_replicated
+from .conv import _Spatial
 from .fourier import spectral_conv
+from .init import SeededReset, init_replicated
 from .window_spec import ntuple
 
 __all__ = ["SpectralConv1d", "SpectralConv2d", "SpectralConv3d", "spectral_weight"]
@@ -33,7 +34,7 @@ def spectral_weight(in_channels: int, out_channels: int, modes: Sequence[int], d
     return w.uniform_(0.0, 1.0 / (in_channels * out_channels))
 
 
-class _SpectralConvNd(_Spatial, torch.nn.Module):
+class _SpectralConvNd(SeededReset, _Spatial, torch.nn.Module):
     _nd = 2
     weight: torch.nn.Parameter
 
@@ -69,6 +70,10 @@ class _SpectralConvNd(_Spatial, torch.nn.Module):
         self._setup(grid, split, self._nd, overlap=False)
         # backward completes the weight's gradient over the grid axes that split the field
         self.weight.hpctp_grad_reduced = tuple(g for g in self.split if g is not None)  # type: ignore[attr-defined]
+
+    def _draw_parameters(self) -> None:
+        w = spectral_weight(self.in_channels, self.out_channels, self.modes, self.weight.dtype)
+        self.weight.copy_(w)
 
     def forward(self, x: Any) -> Any:
         """Collective over grid. This rank's output block (see :func:`spectral_conv`)."""

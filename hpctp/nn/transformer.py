@@ -52,8 +52,8 @@ from ..comm import ProcessGrid, check_grid
 from ..layout import Layout
 from ..tensor.core import DistTensor
 from .attention import MultiheadAttention
+from .init import derive_seed
 from .layer_norm import LayerNorm, RMSNorm
-from .linear import derive_seed
 from .mlp import ParallelMLP
 
 __all__ = ["TransformerBlock", "ATTENTION_KINDS", "NORMS"]
