@@ -5,6 +5,7 @@ operation computes what one device would compute on the whole tensor.
 """
 
 from . import comm, fft, halo, io, layout, linalg
+from ._util.memory import PeakMemory
 from .comm import CommCounter, ProcessGrid
 from .halo import HaloExchange
 from .layout import Layout, block_range
@@ -28,6 +29,7 @@ __all__ = [
     "DistTensor",
     "HaloExchange",
     "Layout",
+    "PeakMemory",
     "ProcessGrid",
     "__version__",
     "block_range",

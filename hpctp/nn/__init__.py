@@ -13,6 +13,7 @@ from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, Conv
 from .layer_norm import LayerNorm, RMSNorm
 from .linear import ColumnParallelLinear, Linear, Linear2D, RowParallelLinear
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
+from .materialize import materialize
 from .mlp import ParallelMLP
 from .neighborhood import NeighborhoodAttention2d, NeighborhoodAttention3d
 from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
@@ -87,6 +88,7 @@ __all__ = [
     "global_state_dict",
     "global_sum",
     "load_global_state_dict",
+    "materialize",
     "patch_aligned_layout",
     "patched_layout",
     "relative_l2_error",
