@@ -6,8 +6,9 @@ runs the script as a user would, ``mpiexec -n RANKS python SCRIPT OUTDIR``, with
 ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` (ranks oversubscribing the cores yield instead of spinning),
 ``MPLBACKEND=Agg`` and the repository first on ``PYTHONPATH``, and shows rank 0's stdout beneath
 (the other ranks' stdout is dropped, every rank's stderr kept for the error message). A script
-that fails or runs past its timeout fails the build (a :class:`~sphinx.errors.ExtensionError`,
-whatever ``-W`` says), with the tail of its output. Options:
+that fails or runs past its timeout is an error at the directive's line, with the tail of its output,
+and fails the build whatever ``-W`` says (the exit status is set at the end, after every page was
+read, so one build reports every failing script). Options:
 
 ``:ranks:``
     The rank count (default 2).
@@ -44,7 +45,6 @@ from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.application import Sphinx
 from sphinx.directives.code import container_wrapper
-from sphinx.errors import ExtensionError
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
@@ -71,12 +71,16 @@ def _env() -> dict[str, str]:
     return env
 
 
+class RunFailed(Exception):
+    """A guide script failed or ran past its timeout (the message holds the tail of its output)."""
+
+
 def run_script(argv: list[str], ranks: int, timeout: float) -> tuple[str, float]:
     """``mpiexec -n ranks python argv...`` from the repository root; rank 0's stdout and the wall time.
 
     Raises
     ------
-    ExtensionError
+    RunFailed
         If the run fails or exceeds ``timeout`` (its process group is killed then).
     """
     mpiexec = Path(sys.executable).with_name("mpiexec")
@@ -92,13 +96,11 @@ def run_script(argv: list[str], ranks: int, timeout: float) -> tuple[str, float]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise ExtensionError(
-            f"hpctp-run: `{shown}` ran past its timeout of {timeout:.0f} s (killed)\n{(out + err)[-_TAIL:]}"
-        ) from None
+        raise RunFailed(f"`{shown}` ran past its timeout of {timeout:.0f} s (killed)\n{(out + err)[-_TAIL:]}") from None
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise ExtensionError(
-            f"hpctp-run: `{shown}` failed with exit code {proc.returncode}\n"
+        raise RunFailed(
+            f"`{shown}` failed with exit code {proc.returncode}\n"
             f"--- stdout (rank 0) ---\n{out[-_TAIL:]}\n--- stderr ---\n{err[-_TAIL:]}"
         )
     return out, seconds
@@ -136,11 +138,17 @@ class RunDirective(SphinxDirective):
                 shutil.rmtree(outdir, ignore_errors=True)
             outdir.mkdir(parents=True, exist_ok=True)
             argv = [*argv, os.path.relpath(outdir, ROOT)]
-        out, seconds = run_script(argv, ranks, timeout)
+        key = f"{self.env.docname}: {shlex.join(words)} (-n {ranks})"
+        runs = getattr(self.env, "hpctp_guide_runs", {})
+        self.env.hpctp_guide_runs = runs  # type: ignore[attr-defined]
+        try:
+            out, seconds = run_script(argv, ranks, timeout)
+        except RunFailed as e:
+            logger.error(f"hpctp-run: {e}", location=self.get_location())
+            runs[key] = None  # fails the build at its end (_finish)
+            return []
         logger.info(f"hpctp-run: {shlex.join(argv)} on {ranks} ranks: {seconds:.1f} s")
-        seconds_run = getattr(self.env, "hpctp_guide_seconds", {})
-        seconds_run[f"{self.env.docname}: {shlex.join(words)} (-n {ranks})"] = seconds
-        self.env.hpctp_guide_seconds = seconds_run  # type: ignore[attr-defined]
+        runs[key] = seconds
         text = out.rstrip("\n") or "(no output)"
         block = nodes.literal_block(text, text, language="text")
         self.set_source_info(block)
@@ -148,29 +156,34 @@ class RunDirective(SphinxDirective):
         return [container_wrapper(self, block, caption)]
 
 
-def _merge_seconds(_app: Sphinx, env: Any, _docnames: Any, other: Any) -> None:
-    """Parallel reads: the run times measured in the worker processes."""
-    mine = getattr(env, "hpctp_guide_seconds", {})
-    mine.update(getattr(other, "hpctp_guide_seconds", {}))
-    env.hpctp_guide_seconds = mine
+def _merge_runs(_app: Sphinx, env: Any, _docnames: Any, other: Any) -> None:
+    """Parallel reads: the runs made in the worker processes."""
+    mine = getattr(env, "hpctp_guide_runs", {})
+    mine.update(getattr(other, "hpctp_guide_runs", {}))
+    env.hpctp_guide_runs = mine
 
 
-def _purge_seconds(_app: Sphinx, env: Any, docname: str) -> None:
-    seconds_run = getattr(env, "hpctp_guide_seconds", {})
-    for key in [k for k in seconds_run if k.startswith(f"{docname}: ")]:
-        del seconds_run[key]
+def _purge_runs(_app: Sphinx, env: Any, docname: str) -> None:
+    runs = getattr(env, "hpctp_guide_runs", {})
+    for key in [k for k in runs if k.startswith(f"{docname}: ")]:
+        del runs[key]
 
 
-def _report_seconds(app: Sphinx, exception: Exception | None) -> None:
-    seconds_run = getattr(app.env, "hpctp_guide_seconds", {}) if app.env is not None else {}
-    if exception is None and seconds_run:
-        logger.info(f"hpctp-run: {len(seconds_run)} guide runs, {sum(seconds_run.values()):.1f} s in all")
+def _finish(app: Sphinx, exception: Exception | None) -> None:
+    """The total run time; a failed run fails the build (exit status 1), with or without ``-W``."""
+    runs = getattr(app.env, "hpctp_guide_runs", {}) if app.env is not None else {}
+    failed = sorted(k for k, v in runs.items() if v is None)
+    if failed:
+        logger.error(f"hpctp-run: {len(failed)} guide script(s) failed: {'; '.join(failed)}")
+        app.statuscode = 1
+    elif exception is None and runs:
+        logger.info(f"hpctp-run: {len(runs)} guide runs, {sum(runs.values()):.1f} s in all")
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directive and the bookkeeping of run times."""
     app.add_directive("hpctp-run", RunDirective)
-    app.connect("env-merge-info", _merge_seconds)
-    app.connect("env-purge-doc", _purge_seconds)
-    app.connect("build-finished", _report_seconds)
+    app.connect("env-merge-info", _merge_runs)
+    app.connect("env-purge-doc", _purge_runs)
+    app.connect("build-finished", _finish)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -38,7 +38,7 @@ maps = {"split=(0, 1)": owners(x)}
 # --- redistribute: the same tensor, another cut
 with CommCounter() as moved:
     y = x.redistribute((None, 0))  # rows whole, columns over grid axis 0 (replicated along axis 1)
-maps["split=(None, 0)"] = owners(y)
+maps["split=(None, 0): axis 1 holds copies"] = owners(y)
 rows = hpctp.ProcessGrid([0])  # the same ranks as a 1-D grid
 z = x.redistribute((0, None), grid=rows)  # onto another grid of the same ranks: row slabs
 maps["split=(0, None), 1-D grid"] = owners(z)

@@ -87,14 +87,14 @@ with torch.no_grad():
 
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 losses = []
-for step in range(40):
+for step in range(50):
     loss = hpctp.nn.global_mse_loss(model(x_train).local, y_train.local, grid)  # the loss of the whole batch
     opt.zero_grad()
     loss.backward()  # halos and spectra travel back
     hpctp.nn.sync_gradients(model, grid)  # the single-process gradient on every rank
     opt.step()
     losses.append(loss.item())
-    if step % 10 == 0 or step == 39:
+    if step % 10 == 0 or step == 49:
         say(f"step {step:2d}  loss {losses[-1]:.3e}")
 with torch.no_grad():
     pred = model(x_test)

@@ -1,6 +1,6 @@
 """Training a model bigger than one device: ParallelPlan, ShardedDataParallel (ZeRO 1-3), activation checkpointing, bf16.
 
-    mpiexec -n 4 python examples/guide/training.py [OUTDIR]     (figures: OUTDIR/memory.png, loss.png)
+    mpiexec -n 4 python examples/guide/training.py [OUTDIR]     (figure: OUTDIR/memory.png)
 
 A 2 x 2 grid: grid axis 0 carries data parallelism (each row of ranks trains on its half of the
 global batch), grid axis 1 spatial parallelism (each field's rows split over the two ranks of a row).
@@ -188,13 +188,4 @@ if grid.rank == 0:
     axes[0].invert_yaxis()
     fig.tight_layout()
     fig.savefig(out / "memory.png", dpi=100)
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.plot(one["losses"], "k-", lw=3, alpha=0.3, label="one process")
-    for name in ("stage 0", "stage 3", "stage 3 + bf16 autocast"):
-        ax.plot(runs[name]["losses"], "o--", ms=3, label=name)
-    ax.set_xlabel("Adam step")
-    ax.set_ylabel("loss of the global batch")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=100)
 grid.free()
