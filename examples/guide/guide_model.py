@@ -81,5 +81,7 @@ def factory(grid: hpctp.ProcessGrid, checkpoint: str | None) -> Inference:
         Without a checkpoint (on every rank).
     """
     if not checkpoint:
-        raise ValueError("guide_model:factory needs the checkpoint written by examples/guide/data_save.py")
+        raise ValueError(
+            "guide_model:factory needs a checkpoint (examples/guide/data_save.py or capi_surrogate.py writes one)"
+        )
     return Inference(grid, checkpoint)
