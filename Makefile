@@ -55,7 +55,8 @@ lint: install
 	$(PY) -m mypy hpctp apps benchmarks
 	$(VENV)/bin/lint-imports
 
-# the API reference (Sphinx + numpydoc) into build/docs/html; warnings are errors (CI runs it)
+# the user guide (its scripts in examples/guide/ run under mpiexec: docs/_ext/hpctp_guide.py) and the API reference
+# (Sphinx + numpydoc) into build/docs/html; warnings are errors, and so is a failing guide script (CI runs it)
 docs: install
 	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
 	$(VENV)/bin/sphinx-build -E -W --keep-going -q -j auto -b html docs build/docs/html
