@@ -1,6 +1,7 @@
 """The only part of hpctp that talks to MPI: process grids, collectives, counters."""
 
 from .agree import agree_arguments
+from .callsite import label as trace_label
 from .buffers import mpi_buffer, nbytes, staging_pool, synchronize
 from .collectives import (
     Pending,
@@ -67,6 +68,7 @@ __all__ = [
     "select_device",
     "staging_pool",
     "synchronize",
+    "trace_label",
     "use_device",
     "waitall",
 ]

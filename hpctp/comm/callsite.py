@@ -3,9 +3,10 @@
 The flight recorder (:mod:`hpctp.comm.trace`) labels each entry in the library's words, derived
 from the Python stack when the call is recorded (only while tracing is on):
 
-* the *layer*: the innermost frame whose ``self`` is a ``torch.nn.Module`` gives its method's
-  qualified name (``Conv2d.forward``); in backward, where autograd leaves no module frame, the
-  innermost ``forward``/``backward`` of an autograd Function (first argument ``ctx``) does;
+* the *layer*: the innermost frame whose ``self`` is a ``torch.nn.Module`` gives the module's
+  class and the method (``Conv2d.forward``, also when the method is a mixin's); in backward,
+  where autograd leaves no module frame, the innermost ``forward``/``backward`` of an autograd
+  Function (first argument ``ctx``) gives its qualified name;
 * the *operation*: the innermost :func:`label` in force (a caller that knows more: the layouts
   of a redistribution), else the ``trace_label`` attribute of an object whose method is on the
   stack (a bucket of gradients: ``"ShardedDataParallel bucket 3"``), else the innermost hpctp
@@ -44,9 +45,10 @@ _ROOM_TEXT = {"hpctp.halo": "halo"}
 
 _NULL = contextlib.nullcontext()
 
-# per code object: (kind, text, module_method, label_owner)
+# per code object: (kind, text, layer, label_owner); layer: 0 none, 1 a module's method, 2 an autograd Function's
 _USER, _ROOM, _SKIP = 0, 1, 2
-_codes: dict[CodeType, tuple[int, str, bool, bool]] = {}
+_MODULE, _FUNCTION = 1, 2
+_codes: dict[CodeType, tuple[int, str, int, bool]] = {}
 _sites: dict[tuple[CodeType, int], str] = {}
 _labels: list[Label] = []
 
@@ -129,19 +131,20 @@ def _room_text(module: str, code: CodeType) -> str:
     return name.removesuffix("_block")
 
 
-def _classify(frame: FrameType) -> tuple[int, str, bool, bool]:
+def _classify(frame: FrameType) -> tuple[int, str, int, bool]:
     """The kind of ``frame``'s code (user, hpctp room, skipped) and its layer/owner flags, cached per code."""
     code = frame.f_code
     module = _module_of(frame)
     top = module.split(".", 1)[0]
     if module == "hpctp.comm" or module.startswith("hpctp.comm."):
-        info = (_SKIP, "", False, False)
-    elif top in _LIBRARIES or top.startswith("_") and top != "__main__":
-        info = (_SKIP, "", False, False)
+        info = (_SKIP, "", 0, False)
+    elif top in _LIBRARIES or (top.startswith("_") and top != "__main__"):
+        info = (_SKIP, "", 0, False)
     else:
         kind = _ROOM if top == "hpctp" else _USER
         text = _room_text(module, code) if kind == _ROOM else ""
-        is_module = owner = False
+        layer = 0
+        owner = False
         first = code.co_varnames[0] if code.co_argcount and code.co_varnames else ""
         if first == "self":
             try:
@@ -149,11 +152,11 @@ def _classify(frame: FrameType) -> tuple[int, str, bool, bool]:
             except Exception:  # noqa: BLE001 - a frame we cannot read is no layer
                 obj = None
             torch = sys.modules.get("torch")
-            is_module = torch is not None and isinstance(obj, torch.nn.Module)
+            layer = _MODULE if torch is not None and isinstance(obj, torch.nn.Module) else 0
             owner = obj is not None and isinstance(getattr(obj, "trace_label", None), str)
         elif first == "ctx" and code.co_name in ("forward", "backward"):
-            is_module = True  # an autograd Function: the layer's name in backward
-        info = (kind, text, is_module, owner)
+            layer = _FUNCTION  # an autograd Function: the layer's name in backward
+        info = (kind, text, layer, owner)
     _codes[code] = info
     return info
 
@@ -181,7 +184,10 @@ def where(depth: int = 2) -> tuple[str, str, int]:
         kind = info[0]
         if kind != _SKIP:
             if info[2] and not layer:
-                layer = code.co_qualname
+                if info[2] == _MODULE:
+                    layer = f"{type(frame.f_locals.get('self')).__name__}.{code.co_name}"
+                else:
+                    layer = code.co_qualname
             if info[3] and not owner:
                 owner = str(getattr(frame.f_locals.get("self"), "trace_label", ""))
             if kind == _ROOM:

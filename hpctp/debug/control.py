@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from ..comm import ProcessGrid, agree_arguments, barrier, check_grid
+from ..comm import ProcessGrid, agree_arguments, barrier, check_grid, trace_label
 from ..comm import trace as T
 from ..comm.env import trace_setting
 from ..comm.io_calls import bcast_bytes
@@ -96,10 +96,11 @@ def _setup_job(grid: ProcessGrid, directory: str | os.PathLike[str] | None) -> P
         except OSError as e:
             error = OSError(f"cannot create the flight recorder's job directory {path}: {e}; set HPCTP_TRACE_DIR")
         name = str(path).encode()
-    agree_arguments(grid.comm, "hpctp.debug job directory", error)
-    path = Path(bcast_bytes(grid.comm, name if grid.rank == 0 else None).decode())
-    path.mkdir(parents=True, exist_ok=True)  # (on a node without rank 0's file system: a local one)
-    barrier(grid.comm)
+    with trace_label("flight recorder setup"):
+        agree_arguments(grid.comm, "hpctp.debug job directory", error)
+        path = Path(bcast_bytes(grid.comm, name if grid.rank == 0 else None).decode())
+        path.mkdir(parents=True, exist_ok=True)  # (on a node without rank 0's file system: a local one)
+        barrier(grid.comm)
     rec = T.recorder()
     if rec is not None:
         rec.clock_sync = time.time()
@@ -124,8 +125,9 @@ def watchdog(grid: ProcessGrid, seconds: float, directory: str | os.PathLike[str
         The longest wait in one call (``HPCTP_WATCHDOG``); longer than any legitimate wait
         (a slow rank's compute between two collectives, a checkpoint write).
     directory : str or path, optional
-        Where job directories go (default: ``HPCTP_TRACE_DIR``, else ``./hpctp-trace``), on a
-        file system every rank sees; rank 0's choice is used.
+        Where job directories go (default: the job directory already made, else
+        ``HPCTP_TRACE_DIR``, else ``./hpctp-trace``), on a file system every rank sees; rank 0's
+        path is used, but every rank must pass one or none.
 
     Returns
     -------
@@ -146,12 +148,13 @@ def watchdog(grid: ProcessGrid, seconds: float, directory: str | os.PathLike[str
     except (TypeError, ValueError) as e:
         error = ValueError(str(e))
         value = 0.0
-    agree_arguments(grid.comm, "hpctp.debug.watchdog", error, seconds=value)
+    new = _job is None or directory is not None
+    agree_arguments(grid.comm, "hpctp.debug.watchdog", error, seconds=value, new_directory=new)
     if not T.on:
         T.start(T.DEFAULT_ENTRIES)
     rec = T.recorder()
     ranks = rec.group(grid.comm).ranks if rec is not None else (grid.rank,)
-    path = _job if _job is not None and directory is None else _setup_job(grid, directory or T.settings().directory)
+    path = _setup_job(grid, directory or T.settings().directory) if new or _job is None else _job
     old = W.active()
     if old is not None:
         old.stop()

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .timeline import _aligned, _blocked_from, matches
+from .timeline import _aligned, _blocked_from, call_label, matches
 from .types import Call, RankDump
 
 __all__ = ["TRACK_CALLS", "TRACK_POSTED", "TRACK_WAITING", "perfetto_trace", "plot_timeline"]
@@ -31,7 +31,7 @@ _TRACKS = {TRACK_CALLS: "in MPI (blocked)", TRACK_POSTED: "non-blocking (posted)
 
 
 def _name(c: Call) -> str:
-    return f"{c.label}: {c.name}" if c.label else c.name
+    return f"{c.label}: {c.name}" if c.label else call_label(c)
 
 
 def _args(c: Call) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def plot_timeline(
     slices = [e for e in events if e["ph"] == "X"]
     stop = end_ms if end_ms is not None else max((e["ts"] + e["dur"]) / 1e3 for e in slices) if slices else 1.0
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.75 * len(pids)))
-    style = {TRACK_CALLS: ("#1f77b4", 0.0, 0.34), TRACK_POSTED: ("#aec7e8", 0.36, 0.2), TRACK_WAITING: ("#d62728", -0.3, 0.2)}
+    style = {TRACK_CALLS: ("#1f77b4", 0.0, 0.26), TRACK_POSTED: ("#aec7e8", 0.27, 0.16), TRACK_WAITING: ("#d62728", -0.27, 0.16)}
     for e in slices:
         a, b = e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3
         if b < start_ms or a > stop:
@@ -148,8 +148,8 @@ def plot_timeline(
         color, dy, h = style[e["tid"]]
         y = row[e["pid"]] + dy
         ax.broken_barh([(a, max(b - a, (stop - start_ms) / 2000))], (y - h / 2, h), facecolors=color)
-        if e["tid"] == TRACK_WAITING and (b - a) > (stop - start_ms) / 25:
-            ax.text((a + b) / 2, y, e["name"], ha="center", va="center", fontsize=7, color="white")
+        if e["tid"] == TRACK_WAITING and (b - a) > (stop - start_ms) / 12:
+            ax.text((a + b) / 2, y, e["name"], ha="center", va="center", fontsize=6, color="white", clip_on=True)
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     for e in events:
         if e["ph"] != "f" or e["id"] not in starts:

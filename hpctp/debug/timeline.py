@@ -34,11 +34,19 @@ from typing import NamedTuple
 
 from .types import Call, LabelStats, RankDump, RankTimes, Straggler, Summary
 
-__all__ = ["STRAGGLER_SECONDS", "Match", "clock_offsets", "format_summary", "matches", "summarize"]
+__all__ = ["STRAGGLER_CALLS", "STRAGGLER_SECONDS", "STRAGGLER_SHARE", "Match", "call_label", "clock_offsets", "format_summary", "matches", "summarize"]
 
 STRAGGLER_SECONDS = 1e-3
 """A rank counts as a straggler at an operation only when it is late by more than this on average:
 below a millisecond the ranks' clocks and Python's own jitter decide who comes last, not the work."""
+
+STRAGGLER_CALLS = 3
+"""... and only when it is late at this many calls at least: a pattern, not the start-up skew a job's
+first collective absorbs."""
+
+STRAGGLER_SHARE = 0.05
+"""... and only when the others' waiting for it there is at least this share of all the waiting in the
+run: the operations that cost the run time, not every late arrival at a cheap agreement."""
 
 
 class Match(NamedTuple):
@@ -117,6 +125,11 @@ def matches(dumps: Mapping[int, RankDump]) -> Iterator[Match]:
             yield Match(True, key[0], (s, r))
 
 
+def call_label(c: Call) -> str:
+    """Local. The hpctp operation of ``c`` (its label, else its MPI operation: ``Agree(ProcessGrid)``)."""
+    return c.label or c.name
+
+
 def _blocked_from(c: Call) -> float:
     return c.wait if c.wait else c.start
 
@@ -153,7 +166,7 @@ def summarize(dumps: Mapping[int, RankDump]) -> Summary:
         last_start = last_end = 0.0
         ends: list[float] = []
         for c in sorted(cs, key=lambda c: c.start):
-            a = acc[(c.label, r)]
+            a = acc[(call_label(c), r)]
             a.calls += 1
             while ends and ends[0] <= c.start:
                 last_end = max(last_end, heapq.heappop(ends))
@@ -176,27 +189,27 @@ def summarize(dumps: Mapping[int, RankDump]) -> Summary:
             late = send.start - recv.start
             wait = max(0.0, min(recv.end, send.start) - _blocked_from(recv))
             for c in m.calls:
-                acc[(c.label, c.rank)].matched += 1
-            acc[(recv.label, recv.rank)].waiting += wait
+                acc[(call_label(c), c.rank)].matched += 1
+            acc[(call_label(recv), recv.rank)].waiting += wait
             rank_wait[recv.rank] += wait
             if late > 0:
-                a = acc[(send.label, send.rank)]
+                a = acc[(call_label(send), send.rank)]
                 a.late += 1
                 a.late_s += late
-                waited_for[(send.label, send.rank)] += wait
+                waited_for[(call_label(send), send.rank)] += wait
             continue
         arrivals = sorted(m.calls, key=lambda c: c.start)
         last = arrivals[-1]
         for c in m.calls:
-            a = acc[(c.label, c.rank)]
+            a = acc[(call_label(c), c.rank)]
             a.matched += 1
             wait = max(0.0, min(c.end, last.start) - _blocked_from(c)) if c is not last else 0.0
             a.waiting += wait
             rank_wait[c.rank] += wait
-            waited_for[(last.label, last.rank)] += wait
+            waited_for[(call_label(last), last.rank)] += wait
         late = last.start - arrivals[-2].start
         if late > 0:
-            a = acc[(last.label, last.rank)]
+            a = acc[(call_label(last), last.rank)]
             a.late += 1
             a.late_s += late
     unmatched = sum(1 for r, cs in calls.items() for c in cs if (r, c.id) not in paired)
@@ -223,7 +236,8 @@ def summarize(dumps: Mapping[int, RankDump]) -> Summary:
         )
         for (lab, r), a in sorted(acc.items())
     )
-    return Summary(tuple(ranks), labels, _stragglers(labels, waited_for), matched, unmatched)
+    total_wait = sum(rank_wait.values())
+    return Summary(tuple(ranks), labels, _stragglers(labels, waited_for, total_wait), matched, unmatched)
 
 
 def _ratio(mine: float, others: list[float]) -> float:
@@ -233,14 +247,18 @@ def _ratio(mine: float, others: list[float]) -> float:
     return mine / mid if mid > 0 else 0.0
 
 
-def _stragglers(labels: tuple[LabelStats, ...], waited_for: Mapping[tuple[str, int], float]) -> tuple[Straggler, ...]:
+def _stragglers(
+    labels: tuple[LabelStats, ...], waited_for: Mapping[tuple[str, int], float], total_wait: float
+) -> tuple[Straggler, ...]:
     by_label: dict[str, list[LabelStats]] = defaultdict(list)
     for s in labels:
         by_label[s.label].append(s)
     out = []
     for lab, stats in by_label.items():
         for s in stats:
-            if not s.matched or s.late * 2 <= s.matched or s.late_seconds / s.late <= STRAGGLER_SECONDS:
+            if s.late < STRAGGLER_CALLS or s.late * 2 <= s.matched or s.late_seconds / s.late <= STRAGGLER_SECONDS:
+                continue
+            if waited_for.get((lab, s.rank), 0.0) < STRAGGLER_SHARE * total_wait:
                 continue
             others = [o for o in stats if o.rank != s.rank]
             blocks = [o.block for o in others if o.block >= 0]
@@ -288,12 +306,13 @@ def format_summary(summary: Summary, top: int = 12) -> str:
             if s.compute_ratio:
                 why.append(f"it computes {s.compute_ratio:.2f}x the others' median before it")
             lines.append(
-                f"  rank {s.rank} arrives {_ms(s.mean_late)} late at {every} {s.label or '(unlabelled)'}"
+                f"  rank {s.rank} arrives {_ms(s.mean_late)} late at {every} {s.label}"
                 f" (the others wait {_ms(s.waited)} for it in total)" + (f": {'; '.join(why)}" if why else "")
             )
     else:
         lines.append(
-            f"no straggler: no rank is late at more than half of an operation's calls by over {_ms(STRAGGLER_SECONDS)}"
+            f"no straggler: no rank is late at more than half of an operation's calls by over {_ms(STRAGGLER_SECONDS)}, "
+            f"keeping the others waiting for {STRAGGLER_SHARE:.0%} of all their waiting"
         )
     lines.append(f"matched calls: {summary.matched}; unmatched entries: {summary.unmatched}")
     lines.append("")
@@ -310,7 +329,7 @@ def format_summary(summary: Summary, top: int = 12) -> str:
     for s in rows:
         block = f"{s.block:.0f}" if s.block >= 0 else ""
         lines.append(
-            f"| {s.label or '(unlabelled)'} | {s.rank} | {s.calls} | {_ms(s.in_call)} | {_ms(s.waiting)} | "
+            f"| {s.label} | {s.rank} | {s.calls} | {_ms(s.in_call)} | {_ms(s.waiting)} | "
             f"{s.late}, {_ms(s.late_seconds)} | {_ms(s.compute_before)} | {block} |"
         )
     return "\n".join(lines)

@@ -98,6 +98,13 @@ def _frames(frame: FrameType | None) -> tuple[list[dict[str, Any]], str]:
 
 
 def _main_frame() -> FrameType | None:
+    """The main thread's innermost frame: where it stands when the watchdog thread asks, the caller of the
+    dump when the main thread dumps itself (at exit, on request of the API)."""
+    if threading.get_ident() == _main_ident:
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("hpctp.debug"):
+            frame = frame.f_back
+        return frame
     return sys._current_frames().get(_main_ident or 0)
 
 
