@@ -24,7 +24,7 @@ from hpctp.comm.env import check_setting, environment_error, trace_setting, watc
 from hpctp.debug.dumps import parse_dump, read_dump
 from hpctp.debug.timeline import clock_offsets, matches
 from hpctp.debug.types import Call, GroupInfo, MatchState, ProcessState, RankDump, Where
-from hpctp.debug.watchdog import write_dump
+from hpctp.debug.watcher import write_dump
 from hpctp.testing import assert_all, assert_equal
 
 G3 = GroupInfo("hpctp.grid[0-2]", "hpctp.grid", (0, 1, 2))
@@ -77,8 +77,11 @@ def test_diagnose_names_the_missing_rank_and_where_it_is() -> None:
 
 @pytest.mark.parametrize(
     "change, state",
-    [({"op": "Bcast", "root": 0}, MatchState.OP_MISMATCH), ({"nbytes": 32}, MatchState.SIZE_MISMATCH),
-     ({"dtype": "float32"}, MatchState.DTYPE_MISMATCH)],  # fmt: skip
+    [
+        ({"op": "Bcast", "root": 0}, MatchState.OP_MISMATCH),
+        ({"nbytes": 32}, MatchState.SIZE_MISMATCH),
+        ({"dtype": "float32"}, MatchState.DTYPE_MISMATCH),
+    ],  # fmt: skip
 )
 def test_diagnose_names_the_odd_rank_of_a_mismatch(change: dict[str, object], state: MatchState) -> None:
     """Rank 2's collective #2 differs from ranks 0 and 1's: the minority is the odd rank."""
@@ -210,7 +213,12 @@ def test_environment_settings_are_parsed_strictly(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("HPCTP_CHECK", "yes")
     assert (trace_setting(), watchdog_setting(), check_setting()) == (2000, 2.5, True)
     assert T.settings() == T.Settings(2000, 2.5, True, None)
-    for name, bad in (("HPCTP_TRACE", "-1"), ("HPCTP_WATCHDOG", "5min"), ("HPCTP_WATCHDOG", "inf"), ("HPCTP_CHECK", "2")):
+    for name, bad in (
+        ("HPCTP_TRACE", "-1"),
+        ("HPCTP_WATCHDOG", "5min"),
+        ("HPCTP_WATCHDOG", "inf"),
+        ("HPCTP_CHECK", "2"),
+    ):
         monkeypatch.setenv(name, bad)
         err = environment_error()
         assert isinstance(err, ValueError) and f"{name}={bad!r}" in str(err)

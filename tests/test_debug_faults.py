@@ -27,9 +27,11 @@ SCRIPT = ROOT / "tests" / "scripts" / "hang_job.py"
 IMBALANCE = ROOT / "tests" / "scripts" / "imbalance_job.py"
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 WATCHDOG = 2.0
-EXIT_CODE = 3  # hpctp.debug.watchdog.EXIT_CODE
+EXIT_CODE = 3  # hpctp.debug.watcher.EXIT_CODE
 
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="launches its own mpiexec jobs; run from the 1-rank session")
+pytestmark = pytest.mark.skipif(
+    MPI.COMM_WORLD.size > 1, reason="launches its own mpiexec jobs; run from the 1-rank session"
+)
 
 
 def _line(mark: str) -> str:

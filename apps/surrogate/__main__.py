@@ -68,7 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.trace is not None:
             where = Path(args.out or str(run)) / "trace"
             hpctp.debug.dump(where)
-            log.info("flight recorder: each rank's last %d MPI calls in %s (hpctp trace summarize %s)", args.trace, where, where)
+            log.info(
+                "flight recorder: each rank's last %d MPI calls in %s (hpctp trace summarize %s)",
+                args.trace,
+                where,
+                where,
+            )
         return 0
     checkpoint = args.checkpoint or str(run / "checkpoint.h5")
     if args.command == "evaluate":

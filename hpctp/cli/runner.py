@@ -35,7 +35,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
         Always: with ``main``'s status, or 1 after an exception on a single rank.
     """
     from ..comm import trace
-    from ..debug import watchdog
+    from ..debug import watcher
 
     trace.set_abort(_abort)  # the hang watchdog (hpctp.debug) ends the job through here too
     try:
@@ -49,7 +49,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
         sys.stderr.write(f"[rank {world.Get_rank()}/{world.Get_size()}] error:\n{traceback.format_exc()}")
         sys.stderr.flush()
         if world.Get_size() > 1:
-            watchdog.report_failure()  # with HPCTP_WATCHDOG: where every other rank stands, then the abort below
+            watcher.report_failure()  # with HPCTP_WATCHDOG: where every other rank stands, then the abort below
             _abort(1)
         sys.exit(1)
     finally:

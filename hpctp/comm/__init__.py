@@ -1,8 +1,8 @@
 """The only part of hpctp that talks to MPI: process grids, collectives, counters."""
 
 from .agree import agree_arguments
-from .callsite import label as trace_label
 from .buffers import mpi_buffer, nbytes, staging_pool, synchronize
+from .callsite import label as trace_label
 from .collectives import (
     Pending,
     all_true,

@@ -19,8 +19,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .._util.backend import Array
-from .buffers import host_buffer, mpi_buffer, nbytes, reduction_buffer
 from . import trace as T
+from .buffers import host_buffer, mpi_buffer, nbytes, reduction_buffer
 from .counter import record
 
 __all__ = [

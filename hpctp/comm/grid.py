@@ -26,6 +26,7 @@ def _created(parent: MPI.Comm, op: str, make: Callable[[], _C]) -> _C:
         T.end(e)
     return made
 
+
 __all__ = ["ProcessGrid", "check_grid"]
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import bcast, bcast_ints
 from . import trace as T
+from .collectives import bcast, bcast_ints
 from .counter import record
 
 __all__ = ["TURN_TAG", "wait_turn", "pass_turn", "bcast_bytes"]

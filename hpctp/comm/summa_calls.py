@@ -12,9 +12,9 @@ import contextlib
 from mpi4py import MPI
 
 from .._util.backend import Array
+from . import trace as T
 from .buffers import nbytes, reduction_buffer
 from .collectives import Pending, _op
-from . import trace as T
 from .counter import record
 
 __all__ = ["reduce", "ireduce"]

@@ -174,6 +174,12 @@ class Group:
     """Local. One communicator as the recorder knows it: its name, member world ranks and counters."""
 
     __slots__ = ("key", "name", "ranks", "coll_seq", "p2p_seq", "pairs")
+    key: str
+    name: str
+    ranks: tuple[int, ...]
+    coll_seq: int
+    p2p_seq: int
+    pairs: dict[tuple[bool, int, int], int]
 
     def __init__(self, key: str, name: str, ranks: tuple[int, ...]) -> None:
         self.key = key
@@ -191,6 +197,25 @@ class Entry:
         "id", "group", "p2p", "op", "seq", "pair", "nbytes", "dtype", "peer", "tag", "root", "detail",
         "label", "site", "block", "start", "wait", "end", "state",
     )  # fmt: skip
+    id: int
+    group: Group
+    p2p: bool
+    op: str
+    seq: int
+    pair: int
+    nbytes: int
+    dtype: str
+    peer: int
+    tag: int
+    root: int
+    detail: str
+    label: str
+    site: str
+    block: int
+    start: float
+    wait: float
+    end: float
+    state: str
 
     def __init__(self) -> None:
         self.wait = 0.0
@@ -258,7 +283,7 @@ class Recorder:
         global _keyval
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval()
-        g = comm.Get_attr(_keyval)
+        g = cast("Group | None", comm.Get_attr(_keyval))
         if g is None:
             name = comm.Get_name() or "unnamed"
             world = MPI.COMM_WORLD.Get_group()
@@ -274,7 +299,7 @@ class Recorder:
             g = Group(key, name, ranks)
             comm.Set_attr(_keyval, g)
             self.groups[id(g)] = g
-        return g  # type: ignore[no-any-return]
+        return g
 
 
 def _ranges(ranks: Sequence[int]) -> str:

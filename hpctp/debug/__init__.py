@@ -31,7 +31,7 @@ from .dumps import load
 from .hang import diagnose, format_report, report_json
 from .perfetto import perfetto_trace, plot_timeline
 from .timeline import format_summary, summarize
-from .watchdog import Watchdog
+from .watcher import Watchdog
 
 __all__ = [
     "CollectiveMismatch",

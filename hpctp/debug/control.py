@@ -21,7 +21,7 @@ from ..comm import ProcessGrid, agree_arguments, barrier, check_grid, trace_labe
 from ..comm import trace as T
 from ..comm.env import trace_setting
 from ..comm.io_calls import bcast_bytes
-from . import watchdog as W
+from . import watcher as W
 
 __all__ = ["check", "dump", "job_directory", "trace", "watchdog"]
 
@@ -115,7 +115,7 @@ def watchdog(grid: ProcessGrid, seconds: float, directory: str | os.PathLike[str
     The report (stderr of the rank that noticed, ``report.txt`` and ``report.json`` in the job
     directory) names the communicator and sequence number where the ranks diverge, the ranks
     missing from it, and where each rank stands (its call and ``file:line``, or "outside hpctp"
-    with its Python stack). See :mod:`hpctp.debug.watchdog`. Runs the recorder if it is off.
+    with its Python stack). See :mod:`hpctp.debug.watcher`. Runs the recorder if it is off.
 
     Parameters
     ----------

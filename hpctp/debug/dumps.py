@@ -1,7 +1,7 @@
 """Dump files: one JSON file per rank (``rank00003.json``) in a job directory, read into typed records.
 
 A dump is :func:`hpctp.comm.trace.snapshot` (the recorder's entries, group table and the call
-the main thread waits in) plus the process part that :mod:`hpctp.debug.watchdog` adds (its
+the main thread waits in) plus the process part that :mod:`hpctp.debug.watcher` adds (its
 state, the main thread's Python stack, an exception, the request it answers), under the keys of
 :class:`hpctp.comm.trace.Keys`. Files are written whole and renamed into place, so a reader never
 sees half of one. JSON, not pickle: a dump is data, readable by any tool.

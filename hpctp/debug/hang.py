@@ -109,7 +109,7 @@ def _collective_divergence(group: GroupInfo, dumps: Mapping[int, RankDump]) -> D
             state = MatchState.MISSING
         elif truncated and not missing and state is MatchState.MATCHED:
             state = MatchState.UNDECIDED
-        sites = ()
+        sites: tuple[Call, ...] = ()
         if first_sites >= 0:
             sites = tuple(seqs[r][first_sites] for r in have if first_sites in seqs[r])
         return Divergence(group, False, seq, state, present, missing, odd, no_dump, first_sites, sites)

@@ -140,7 +140,11 @@ def plot_timeline(
     slices = [e for e in events if e["ph"] == "X"]
     stop = end_ms if end_ms is not None else max((e["ts"] + e["dur"]) / 1e3 for e in slices) if slices else 1.0
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.75 * len(pids)))
-    style = {TRACK_CALLS: ("#1f77b4", 0.0, 0.26), TRACK_POSTED: ("#aec7e8", 0.27, 0.16), TRACK_WAITING: ("#d62728", -0.27, 0.16)}
+    style = {
+        TRACK_CALLS: ("#1f77b4", 0.0, 0.26),
+        TRACK_POSTED: ("#aec7e8", 0.27, 0.16),
+        TRACK_WAITING: ("#d62728", -0.27, 0.16),
+    }
     for e in slices:
         a, b = e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3
         if b < start_ms or a > stop:

@@ -34,7 +34,17 @@ from typing import NamedTuple
 
 from .types import Call, LabelStats, RankDump, RankTimes, Straggler, Summary
 
-__all__ = ["STRAGGLER_CALLS", "STRAGGLER_SECONDS", "STRAGGLER_SHARE", "Match", "call_label", "clock_offsets", "format_summary", "matches", "summarize"]
+__all__ = [
+    "STRAGGLER_CALLS",
+    "STRAGGLER_SECONDS",
+    "STRAGGLER_SHARE",
+    "Match",
+    "call_label",
+    "clock_offsets",
+    "format_summary",
+    "matches",
+    "summarize",
+]
 
 STRAGGLER_SECONDS = 1e-3
 """A rank counts as a straggler at an operation only when it is late by more than this on average:
@@ -69,7 +79,7 @@ def clock_offsets(dumps: Mapping[int, RankDump]) -> dict[int, float]:
     if ref is None or not ref.clock_sync:
         return out
     by_host: dict[str, list[float]] = defaultdict(list)
-    for r, d in dumps.items():
+    for d in dumps.values():
         if d.host != ref.host and d.clock_sync:
             by_host[d.host].append(d.clock_sync - ref.clock_sync)
     shift = {h: statistics.median(v) for h, v in by_host.items()}
@@ -326,10 +336,10 @@ def format_summary(summary: Summary, top: int = 12) -> str:
     lines.append("| operation | rank | calls | in call | waiting | late (times, total) | compute before | block |")
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = sorted(summary.labels, key=lambda s: -(s.waiting + s.late_seconds))[:top]
-    for s in rows:
-        block = f"{s.block:.0f}" if s.block >= 0 else ""
+    for row in rows:
+        block = f"{row.block:.0f}" if row.block >= 0 else ""
         lines.append(
-            f"| {s.label} | {s.rank} | {s.calls} | {_ms(s.in_call)} | {_ms(s.waiting)} | "
-            f"{s.late}, {_ms(s.late_seconds)} | {_ms(s.compute_before)} | {block} |"
+            f"| {row.label} | {row.rank} | {row.calls} | {_ms(row.in_call)} | {_ms(row.waiting)} | "
+            f"{row.late}, {_ms(row.late_seconds)} | {_ms(row.compute_before)} | {block} |"
         )
     return "\n".join(lines)

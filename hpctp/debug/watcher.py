@@ -320,14 +320,14 @@ def _remember(exc: BaseException, tb: TracebackType | None) -> None:
     site = ""  # the innermost user frame of the traceback: where the user's code raised, or called what raised
     for f, line in traceback.walk_tb(tb):
         code = f.f_code
-        frames.append({T.Keys.FILE: code.co_filename, T.Keys.LINE: line, T.Keys.FUNCTION: code.co_name, T.Keys.CODE: ""})
+        frames.append(
+            {T.Keys.FILE: code.co_filename, T.Keys.LINE: line, T.Keys.FUNCTION: code.co_name, T.Keys.CODE: ""}
+        )
         if callsite.is_user(f):
             site = f"{code.co_filename}:{line}"
     for d, summary in zip(frames, traceback.extract_tb(tb)):
         d[T.Keys.CODE] = summary.line or ""
-    _state.update(
-        process="raised", exception=f"{type(exc).__name__}: {str(exc)[:500]}", site=site, stack=frames
-    )
+    _state.update(process="raised", exception=f"{type(exc).__name__}: {str(exc)[:500]}", site=site, stack=frames)
 
 
 def report_failure(exc: BaseException | None = None) -> None:
@@ -366,4 +366,3 @@ def _at_exit() -> None:
     wd._stop.set()
     with contextlib.suppress(OSError):
         write_dump(wd.directory, job=wd.directory.name)
-
