@@ -60,9 +60,10 @@ SMALL = {
         ["| redistribute |", "| rfftn |", "| halo |", "equals numpy-block redistribute: True"],
     ),
     "attention.py": (
-        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1".split(),
+        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1 --trace 100".split(),
         [
             "| 32 | 16 | 4 |",
+            "| traced / untraced |",
             "| forward+backward |",
             "| one process, SDPA",
             "per rank / one process (math)",

@@ -26,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summ.add_argument("directory", help="a job directory of rank*.json dumps, or the directory of job-* directories")
     summ.add_argument("--perfetto", default=None, help="Chrome/Perfetto trace JSON (default: DIR/perfetto.json)")
     summ.add_argument("--png", default=None, help="also draw the timeline as a PNG (matplotlib)")
+    summ.add_argument("--window", type=float, nargs=2, default=None, metavar=("FROM_MS", "TO_MS"),
+                      help="the PNG's window, in ms from the first recorded call (default: all)")  # fmt: skip
     rep = how.add_parser("report", help="where the ranks diverge (the watchdog's report, offline)")
     rep.add_argument("directory")
     args = parser.parse_args(argv)
@@ -34,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .trace import report_command, summarize_command
 
         if args.trace_command == "summarize":
-            return summarize_command(args.directory, args.perfetto, args.png)
+            return summarize_command(args.directory, args.perfetto, args.png, args.window)
         return report_command(args.directory)
 
     from mpi4py import MPI

@@ -11,6 +11,7 @@ was killed by the scheduler with dumps from ``hpctp.debug.dump``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..debug import diagnose, format_report, format_summary, load, perfetto_trace, plot_timeline, summarize
@@ -19,7 +20,9 @@ from ..debug.dumps import job_directory_of
 __all__ = ["report_command", "summarize_command"]
 
 
-def summarize_command(directory: str, perfetto: str | None = None, png: str | None = None) -> int:
+def summarize_command(
+    directory: str, perfetto: str | None = None, png: str | None = None, window: Sequence[float] | None = None
+) -> int:
     """Local. Print the wait-state summary of the dumps in ``directory`` and write the Perfetto trace.
 
     Parameters
@@ -30,6 +33,8 @@ def summarize_command(directory: str, perfetto: str | None = None, png: str | No
         Where to write the trace (default: ``perfetto.json`` in the job directory).
     png : str, optional
         Also draw the trace as a PNG (needs matplotlib).
+    window : pair of float, optional
+        The PNG's time window, in ms from the first recorded call.
 
     Returns
     -------
@@ -50,7 +55,8 @@ def summarize_command(directory: str, perfetto: str | None = None, png: str | No
     out.write_text(json.dumps(trace))
     print(f"Perfetto trace: {out} (open it in https://ui.perfetto.dev)", flush=True)
     if png:
-        plot_timeline(trace, png)
+        start, end = window if window is not None else (0.0, None)
+        plot_timeline(trace, png, start_ms=start, end_ms=end)
         print(f"timeline picture: {png}", flush=True)
     return 0
 
