@@ -245,6 +245,31 @@ def test_label_is_free_when_off_and_lazy_when_on() -> None:
             T.stop()
 
 
+class _Bucket:
+    trace_label = "ShardedDataParallel bucket 3"  # the hook of objects that know what their calls are
+
+    def post(self) -> tuple[str, str, int]:
+        return callsite.where(1)
+
+
+class _Net(torch.nn.Module):
+    def forward(self) -> tuple[str, str, int]:
+        return callsite.where(1)
+
+
+def test_labels_from_the_stack() -> None:
+    """A module's method names the layer (its class, not the class defining the method); an object's
+    ``trace_label`` names the operation; the site is the first frame outside hpctp and torch."""
+    T.start(10)
+    try:
+        post = _Bucket.post.__code__.co_firstlineno + 1
+        assert _Bucket().post()[:2] == ("ShardedDataParallel bucket 3", f"{__file__}:{post}")
+        layer, site, _ = _Net()()
+        assert (layer, site) == ("_Net.forward", f"{__file__}:{_Net.forward.__code__.co_firstlineno + 1}")
+    finally:
+        T.stop()
+
+
 def _line() -> int:
     import sys
 

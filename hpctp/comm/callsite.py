@@ -9,7 +9,8 @@ from the Python stack when the call is recorded (only while tracing is on):
   Function (first argument ``ctx``) gives its qualified name;
 * the *operation*: the innermost :func:`label` in force (a caller that knows more: the layouts
   of a redistribution), else the ``trace_label`` attribute of an object whose method is on the
-  stack (a bucket of gradients: ``"ShardedDataParallel bucket 3"``), else the innermost hpctp
+  stack (a bucket of gradients: ``"ShardedDataParallel bucket 3"``, which then stands alone when it
+  starts with the layer's class), else the innermost hpctp
   frame outside :mod:`hpctp.comm` (``halo`` for :mod:`hpctp.halo`, ``redistribute`` for
   ``redistribute_block``, else that function's qualified name);
 * the *call site*: ``file:line`` of the first frame outside hpctp and outside the libraries
@@ -205,7 +206,7 @@ def where(depth: int = 2) -> tuple[str, str, int]:
         block = explicit.block
     elif owner:
         operation = owner
-    if layer and operation:
+    if layer and operation and not operation.startswith(layer.split(".")[0]):  # ("ShardedDataParallel bucket 3")
         return f"{layer} {operation}", site, block
     return layer or operation, site, block
 

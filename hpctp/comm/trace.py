@@ -80,6 +80,7 @@ on = False
 """True while the recorder runs: the one branch each call of hpctp.comm pays."""
 
 _check = False
+_check_started = False
 _rec: Recorder | None = None
 _first_grid_done = False
 _first_grid_hooks: list[Callable[[Any], None]] = []
@@ -459,7 +460,11 @@ def _compare(comm: MPI.Comm, e: Entry, compare_size: bool) -> None:
         [_crc(e.op + e.detail), e.nbytes if compare_size else -2, _crc(e.dtype), e.root, e.seq], dtype=np.int64
     )
     table = np.empty((size, row.size), dtype=np.int64)
+    rec = cast(Recorder, _rec)
+    blocked = rec.blocked
+    rec.blocked = (time.time(), (e,))  # (a non-blocking call waits here too: the watchdog sees it)
     comm.Allgather(row, table)  # (the check's own exchange: not an entry)
+    rec.blocked = blocked
     if (table[:, :4] == table[0, :4]).all():
         return
     ranks = e.group.ranks
@@ -553,10 +558,15 @@ def entries() -> list[Entry]:
 
 def arm_check(flag: bool) -> None:
     """Local. Arm or disarm the mismatch check (every rank of every communicator must do the same;
-    :func:`hpctp.debug.check` agrees first). Arming it runs the recorder if it is off."""
-    global _check
+    :func:`hpctp.debug.check` agrees first). Arming it runs the recorder if it is off; disarming
+    stops the recorder again if arming started it."""
+    global _check, _check_started
     if flag and not on:
         start(settings().entries or DEFAULT_ENTRIES)
+        _check_started = True
+    if not flag and _check_started:
+        _check_started = False
+        stop()
     _check = bool(flag)
 
 

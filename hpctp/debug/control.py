@@ -38,7 +38,8 @@ def trace(entries: int = T.DEFAULT_ENTRIES) -> None:
     """Local. Record the last ``entries`` MPI calls of hpctp on this rank (0 stops recording).
 
     Call it on every rank at the same point of the program (before the grid, ideally): the
-    sequence numbers then count the same calls everywhere and line the ranks up.
+    sequence numbers then count the same calls everywhere and line the ranks up. Stopping the
+    recorder (0) also disarms the mismatch check, which runs inside it.
 
     Parameters
     ----------

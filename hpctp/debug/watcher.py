@@ -15,7 +15,8 @@ Side channel: files in a job directory (``HPCTP_TRACE_DIR``, default ``./hpctp-t
 built). Chosen over a duplicated communicator driven by the watchdog threads because it needs
 no MPI progress from a process whose main thread may be stuck in MPI or gone, keeps working when
 a rank has exited or raised, and leaves the dumps and the report on disk for the user. Each
-rank's thread polls every :data:`POLL_SECONDS`:
+rank's thread looks at its main thread every :data:`POLL_SECONDS` and for a request every
+:data:`REQUEST_POLL_SECONDS`:
 
 1. a rank waiting in one call longer than the watchdog's seconds writes its dump
    (``rank00003.json``) and tries to create ``request.json`` (atomically, so one rank wins);
@@ -59,17 +60,31 @@ from .dumps import dump_path, read_dump, write_json
 from .hang import diagnose, format_report, report_json
 from .types import RankDump
 
-__all__ = ["ANSWER_SECONDS", "EXIT_CODE", "POLL_SECONDS", "Watchdog", "active", "report_failure", "write_dump"]
+__all__ = [
+    "ANSWER_SECONDS",
+    "EXIT_CODE",
+    "POLL_SECONDS",
+    "REQUEST_POLL_SECONDS",
+    "Watchdog",
+    "active",
+    "report_failure",
+    "write_dump",
+]
 
 POLL_SECONDS = 0.25
 """How often each rank's thread looks at its main thread and at the request file (or a tenth of
 the watchdog's seconds when that is shorter): the delay before a report starts and before a rank
 answers, against a little CPU per poll (a file lookup)."""
 
+REQUEST_POLL_SECONDS = 1.0
+"""How often each rank looks for a request (one file lookup on the shared file system per rank and
+period: at 10 000 ranks, 10 000 lookups a second on its metadata server at 1 s), against how soon
+the ranks answer a report."""
+
 ANSWER_SECONDS = 5.0
 """How long the detector waits for the other ranks' dumps (or the watchdog's seconds when shorter,
-at least 1 s): a rank that has not answered by then (gone, native code holding the GIL, another
-file system) is reported without a dump, so the report is never held up by one rank."""
+but at least two request periods): a rank that has not answered by then (gone, native code holding
+the GIL, another file system) is reported without a dump, so the report is never held up by one rank."""
 
 EXIT_CODE = 3
 """The job's exit status when the watchdog ended it."""
@@ -167,7 +182,8 @@ class Watchdog:
         self.ranks = tuple(int(r) for r in ranks)
         self.rank = int(T.snapshot()[T.Keys.RANK])
         self.poll = min(POLL_SECONDS, self.seconds / 10)
-        self.answer = max(1.0, min(ANSWER_SECONDS, self.seconds))
+        self.answer = max(2 * REQUEST_POLL_SECONDS + 0.5, min(ANSWER_SECONDS, self.seconds))
+        self._next_request_poll = 0.0
         self.polls = 0
         self.longest_wait = 0.0
         self._answered = ""
@@ -224,7 +240,11 @@ class Watchdog:
                 where = f"collective #{e.seq}"
             self.detect(f"rank {self.rank} waited {waited:.1f} s in {what} ({where} on {e.group.name})")
 
-    def _answer_request(self) -> None:
+    def _answer_request(self, now: bool = False) -> None:
+        t = time.time()
+        if not now and t < self._next_request_poll:
+            return
+        self._next_request_poll = t + REQUEST_POLL_SECONDS
         try:
             data = json.loads(self.request_path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -249,7 +269,7 @@ class Watchdog:
             self._fired = True
         rid = f"{self.rank}-{time.time():.6f}"
         if not self._claim(rid, reason):  # another rank reports: answer it and wait for the end
-            self._answer_request()
+            self._answer_request(now=True)
             return
         self._answered = rid
         write_dump(self.directory, answers=rid, job=self.directory.name)
