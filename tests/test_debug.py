@@ -71,7 +71,7 @@ def test_diagnose_names_the_missing_rank_and_where_it_is() -> None:
     assert pos[1].where is Where.OUTSIDE and pos[1].seconds == pytest.approx(96.9) and pos[1].last is not None
     text = D.format_report(report)
     assert "collective #3: Allreduce: missing ranks" in text and "missing ranks: {1}" in text
-    assert "rank 1: outside hpctp for 96.9 s, at /job/train.py:99" in text
+    assert "rank 1: outside hpctp since 96.9 s, at /job/train.py:99" in text
     assert json.loads(json.dumps(D.report_json(report)))["divergences"][0]["missing"] == [1]
 
 

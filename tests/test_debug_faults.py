@@ -123,7 +123,7 @@ def test_rank_stuck_in_sleep(tmp_path: Path) -> None:
     assert pos[1]["where"] == "OUTSIDE" and pos[1]["site"] == _line("sleep") and pos[1]["seconds"] >= WATCHDOG
     assert pos[1]["stack"][-1]["code"].startswith("time.sleep(120)")
     assert report["culprits"] == [1]
-    assert f"rank 1: outside hpctp for {pos[1]['seconds']:.1f} s" in text and "time.sleep(120)" in text
+    assert f"rank 1: outside hpctp since {pos[1]['seconds']:.1f} s" in text and "time.sleep(120)" in text
 
 
 def test_rank_stuck_in_a_python_loop(tmp_path: Path) -> None:

@@ -177,18 +177,17 @@ def where(depth: int = 2) -> tuple[str, str, int]:
         ``"file:line"`` (``""`` when no frame is outside hpctp), the block elements (-1: unknown).
     """
     frame: FrameType | None = sys._getframe(depth)
-    layer = operation = owner = ""
+    layer = function = operation = owner = ""
     site = ""
     while frame is not None:
         code = frame.f_code
         info = _codes.get(code) or _classify(frame)
         kind = info[0]
         if kind != _SKIP:
-            if info[2] and not layer:
-                if info[2] == _MODULE:
-                    layer = f"{type(frame.f_locals.get('self')).__name__}.{code.co_name}"
-                else:
-                    layer = code.co_qualname
+            if info[2] == _MODULE and not layer:
+                layer = f"{type(frame.f_locals.get('self')).__name__}.{code.co_name}"
+            elif info[2] == _FUNCTION and not function:
+                function = code.co_qualname
             if info[3] and not owner:
                 owner = str(getattr(frame.f_locals.get("self"), "trace_label", ""))
             if kind == _ROOM:
@@ -199,6 +198,7 @@ def where(depth: int = 2) -> tuple[str, str, int]:
                 site = _sites.get((code, line)) or _site(code, line)
                 break
         frame = frame.f_back
+    layer = layer or function  # (a module's name where there is one; an autograd Function's in backward)
     block = -1
     if _labels:
         explicit = _labels[-1]

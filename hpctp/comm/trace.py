@@ -261,7 +261,6 @@ class Recorder:
         self.size = int(size)
         self.ring: list[Entry | None] = [None] * self.size
         self.count = 0
-        self.groups: dict[int, Group] = {}
         self.blocked: tuple[float, tuple[Entry, ...]] | None = None
         self.last_end = time.time()
         self.clock_sync = 0.0
@@ -299,7 +298,6 @@ class Recorder:
             key = f"{name}[{_ranges(ranks)}]" + (f"#{n}" if n else "")
             g = Group(key, name, ranks)
             comm.Set_attr(_keyval, g)
-            self.groups[id(g)] = g
         return g
 
 
@@ -529,7 +527,6 @@ def start(entries: int) -> None:
         old = _rec
         _rec = Recorder(entries)
         if old is not None:
-            _rec.groups = old.groups
             _rec._same = old._same
             _rec.clock_sync = old.clock_sync
             for e in old.entries():
@@ -598,8 +595,10 @@ def snapshot() -> dict[str, Any]:
     out[Keys.CLOCK_SYNC] = rec.clock_sync
     out[Keys.RING] = rec.size
     out[Keys.RECORDED] = rec.count
-    out[Keys.GROUPS] = [{Keys.KEY: g.key, Keys.NAME: g.name, Keys.RANKS: list(g.ranks)} for g in rec.groups.values()]
-    out[Keys.ENTRIES] = [e.as_dict() for e in rec.entries()]
+    ring = rec.entries()
+    groups = {id(e.group): e.group for e in ring}  # (the communicators of the calls still in the ring)
+    out[Keys.GROUPS] = [{Keys.KEY: g.key, Keys.NAME: g.name, Keys.RANKS: list(g.ranks)} for g in groups.values()]
+    out[Keys.ENTRIES] = [e.as_dict() for e in ring]
     out[Keys.BLOCKED] = [] if blocked is None else [e.id for e in blocked[1]]
     out[Keys.BLOCKED_SINCE] = 0.0 if blocked is None else blocked[0]
     out[Keys.LAST_END] = rec.last_end

@@ -263,7 +263,7 @@ def _position_lines(p: Position, with_stack: bool) -> list[str]:
         more = f" and {len(p.calls) - 1} more" if len(p.calls) > 1 else ""
         lines = [head + f"in {_call_text(c)}{more}, waiting for {_seconds(p.seconds)}"]
     elif p.where is Where.OUTSIDE:
-        lines = [head + f"outside hpctp for {_seconds(p.seconds)}, at {short_site(p.site)}{last}"]
+        lines = [head + f"outside hpctp since {_seconds(p.seconds)}, at {short_site(p.site)}{last}"]
     elif p.where is Where.RAISED:
         lines = [head + f"raised {p.exception} at {short_site(p.site)}{last}"]
     elif p.where is Where.EXITED:
