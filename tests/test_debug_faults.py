@@ -63,7 +63,7 @@ def _hang(n: int, mode: str, tmp: Path, odd: int | None = None) -> tuple[dict[st
     (job,) = tmp.glob("job-*")
     report = json.loads((job / "report.json").read_text())
     text = (job / "report.txt").read_text()
-    assert text.strip() in proc.stderr  # the detecting rank printed it
+    assert text.splitlines()[0] in proc.stderr  # the detecting rank printed it
     print(f"{mode} on {n} ranks: {wall:.1f} s")
     return report, text, proc.stderr
 
@@ -120,7 +120,7 @@ def test_rank_stuck_in_sleep(tmp_path: Path) -> None:
     assert (d["state"], d["missing"]) == ("MISSING", [1])
     assert {c["rank"] for c in d["calls"]} == {0, 2} and {c["site"] for c in d["calls"]} == {_line("allreduce")}
     pos = _positions(report)
-    assert pos[1]["where"] == "OUTSIDE" and pos[1]["site"] == _line("sleep") and pos[1]["seconds"] >= WATCHDOG
+    assert pos[1]["where"] == "OUTSIDE" and pos[1]["site"] == _line("sleep") and pos[1]["seconds"] >= WATCHDOG - 0.2
     assert pos[1]["stack"][-1]["code"].startswith("time.sleep(120)")
     assert report["culprits"] == [1]
     assert f"rank 1: outside hpctp since {pos[1]['seconds']:.1f} s" in text and "time.sleep(120)" in text
