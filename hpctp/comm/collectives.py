@@ -87,9 +87,10 @@ def waitall(pending: Sequence[Pending]) -> None:
     open_ = [p for p in pending if not p._done]
     if not open_:
         return
-    traced = [p._entry for p in open_ if p._entry is not None]
-    if traced:
-        T.waiting(traced)
+    if T.on:
+        traced = [p._entry for p in open_ if p._entry is not None]
+        if traced:
+            T.waiting(traced)
     MPI.Request.Waitall([p._request for p in open_])
     for p in open_:
         p._stack.close()
