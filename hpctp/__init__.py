@@ -4,7 +4,7 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
-from . import comm, fft, halo, io, layout, linalg
+from . import comm, debug, fft, halo, io, layout, linalg
 from ._util.memory import PeakMemory
 from .comm import CommCounter, ProcessGrid
 from .halo import HaloExchange
@@ -38,6 +38,7 @@ __all__ = [
     "concatenate",
     "cumprod",
     "cumsum",
+    "debug",
     "diff",
     "distribute",
     "empty",

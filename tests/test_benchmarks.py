@@ -59,10 +59,15 @@ SMALL = {
         ["--rows", "64", "--cols", "48", "--fft", "12", "--halo", "40", "--rounds", "1", "--no-heat"],
         ["| redistribute |", "| rfftn |", "| halo |", "equals numpy-block redistribute: True"],
     ),
+    "trace_overhead.py": (
+        "--blocks 64x16 --rounds 1 --calls 1 --entries 100".split(),
+        ["| 64 | 16 | 4 |", "recorder cost per call, measured alone"],
+    ),
     "attention.py": (
-        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1".split(),
+        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1 --trace 100".split(),
         [
             "| 32 | 16 | 4 |",
+            "| traced / untraced |",
             "| forward+backward |",
             "| one process, SDPA",
             "per rank / one process (math)",

@@ -206,9 +206,10 @@ def begin_fetch(
         out = empty_like_backend(plan.shape, block.dtype, block)
     held: list[Array] = []  # (pooled message buffers, released by wait)
     recvs = [(m, _buffer(m.size, block, held)) for m in plan.recvs]
-    pending = [C.irecv(comm, buf, m.peer, TAG) for m, buf in recvs]
-    for m in plan.sends:
-        pending.append(C.isend(comm, _pack(block, m.pieces, "src", False, held), m.peer, TAG))
+    with C.trace_label("halo", block=block):  # (the block's size explains a late halo in `hpctp trace summarize`)
+        pending = [C.irecv(comm, buf, m.peer, TAG) for m, buf in recvs]
+        for m in plan.sends:
+            pending.append(C.isend(comm, _pack(block, m.pieces, "src", False, held), m.peer, TAG))
     for sl in plan.fills:
         _fill(out[sl], fill)
     for p in plan.local:
