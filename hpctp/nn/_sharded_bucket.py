@@ -81,6 +81,9 @@ class Bucket:
         self, params: list[tuple[str, torch.nn.Parameter]], axes: tuple[int, ...], plan: Any, stage: int,
         device: torch.device,
     ) -> None:  # fmt: skip
+        self.trace_label = (
+            "ShardedDataParallel bucket"  # names its messages in hpctp.debug's recorder (owner sets the index)
+        )
         self.names = [n for n, _ in params]
         self.params = [p for _, p in params]
         self.axes = axes

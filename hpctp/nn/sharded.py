@@ -249,6 +249,8 @@ class ShardedDataParallel(torch.nn.Module):
         else:
             self._buckets = self._make_buckets(trainable, grad_axes, float(bucket_mib) * _MIB, target if meta else None)
             self._order = list(self._buckets)
+        for i, b in enumerate(self._buckets):
+            b.trace_label = f"ShardedDataParallel bucket {i}"
         self._slot = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
         self._unit_of = {id(b): u for u in self._units for b in u.buckets}
         if meta:
@@ -353,6 +355,11 @@ class ShardedDataParallel(torch.nn.Module):
         return handles
 
     # ------------------------------------------------------------------ parameters
+    @property
+    def unit_names(self) -> tuple[str, ...]:
+        """Local. Stage 3's units (module names, ``""`` for the model itself), in the order they run."""
+        return tuple(u.name for u in self._units)
+
     @property
     def flat_buckets(self) -> tuple[Bucket, ...]:
         """Local. The buckets (read-only): packing, this rank's slice and its pieces of each parameter."""
