@@ -79,8 +79,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import hpctp
 from hpctp.cli.runner import run_main
 from hpctp.nn import TransformerBlock
+from hpctp.nn.distributed.state_dict import global_state_dict
 from hpctp.nn.functional import attention
-from hpctp.nn.state_dict import global_state_dict
 from hpctp.tensor.random import block_normal
 
 _MPI_ENV = ("PMI", "HYDRA", "MPI", "OMPI", "PMIX", "I_MPI")

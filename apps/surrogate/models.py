@@ -165,7 +165,7 @@ class FNO(ResidualScale):
     """Collective over grid. A Fourier neural operator (Li et al., 2021): a 1x1 lift to ``width``
     channels, ``depth`` Fourier layers ``gelu(K h + W h)`` (``K`` keeps ``modes`` frequencies per
     direction and sign, ``W`` a 1x1 conv), a zeroed 1x1 head. The field is never transposed:
-    each Fourier layer sends one spectrum-sized Allreduce (see :mod:`hpctp.nn.fourier`)."""
+    each Fourier layer sends one spectrum-sized Allreduce (see :mod:`hpctp.nn.spectral.fourier`)."""
 
     def __init__(
         self,
