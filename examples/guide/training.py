@@ -8,6 +8,7 @@ The same model, data and Adam steps run at every ZeRO stage, with activation che
 bf16 autocast, and once in one process (rank 0 alone) for reference. Rank 0 prints.
 """
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -52,12 +53,15 @@ class WideFNO(torch.nn.Module):
         return self.head(h)
 
 
-def build_model(model_grid: hpctp.ProcessGrid, checkpointing: bool = False) -> torch.nn.Module:
+def build_model(model_grid: hpctp.ProcessGrid, checkpointing: bool = False, meta: bool = False) -> torch.nn.Module:
     """Collective over model_grid. The model, built on the grid of its spatial (and tensor) axes.
 
-    Seeded layers: the same weights on any grid, so every run below starts from the same model.
+    Seeded layers: the same weights on any grid, so every run below starts from the same model. With ``meta``
+    nothing is allocated: the parameters have shapes but no storage until ShardedDataParallel materializes
+    this rank's slices, one block at a time, so the whole model never exists on any rank.
     """
-    model = WideFNO(model_grid)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = WideFNO(model_grid)
     if checkpointing:  # keep only each block's input in forward; backward recomputes the rest
         for block in model.blocks:
             hpctp.nn.checkpoint_forward(block)
@@ -110,8 +114,9 @@ def batch(model_grid: hpctp.ProcessGrid, start: int, stop: int) -> tuple[hpctp.D
 def train(plan: hpctp.nn.ParallelPlan, stage: int | None, checkpointing: bool = False, bf16: bool = False) -> dict:
     """Collective over plan.grid. STEPS Adam steps; losses, the state kept per rank between steps and the
     activations saved in forward (the maxima over ranks). ``stage=None``: no ShardedDataParallel."""
-    model = build_model(plan.model_grid, checkpointing)
-    trained = model if stage is None else hpctp.nn.ShardedDataParallel(model, plan, stage=stage)
+    meta = stage == 3  # stage 3 never needs the whole model: build it on meta, materialize the slices
+    model = build_model(plan.model_grid, checkpointing, meta=meta)
+    trained = model if stage is None else hpctp.nn.ShardedDataParallel(model, plan, stage=stage, seed=0)
     params = list(dict.fromkeys([*model.parameters(), *trained.parameters()]))
     opt = torch.optim.Adam(trained.parameters(), lr=1e-3)
     x, y = batch(plan.model_grid, *plan.sample_range(BATCH))

@@ -171,6 +171,30 @@ class _FeatureNorm(torch.nn.Module):
                 self.bias = self._param(torch.zeros(self.local_shape, dtype=dtype, device=device), layout)
         self._agreed = ArgumentAgreement()
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Collective over the ranks of ``axis`` (local when ``axis`` is None). Normalise the rows of ``x``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[..., *normalized_shape]``, the last dim this rank's block when split.
+
+        Returns
+        -------
+        torch.Tensor
+            Same shape as ``x``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            On a wrong input (on every rank of the axis, the first time a shape is seen).
+        """
+        return self._normalize(x, self._checked_comm(x))
+
+    def _normalize(self, x: torch.Tensor, comm: Any) -> torch.Tensor:
+        """The norm of the rows of ``x`` (``comm``: the axis splitting the last dim, or None)."""
+        raise NotImplementedError
+
     def reset_parameters(self) -> None:
         """Local. Weight one, bias zero (the values of construction)."""
         with torch.no_grad():
@@ -272,25 +296,7 @@ class LayerNorm(_FeatureNorm):
             raise ValueError("LayerNorm: eps must be a non-negative number, got None")
         super().__init__(normalized_shape, grid, axis, eps, elementwise_affine, bias, cuts, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Collective over the ranks of ``axis`` (local when ``axis`` is None). Normalise the rows of ``x``.
-
-        Parameters
-        ----------
-        x : torch.Tensor
-            ``[..., *normalized_shape]``, the last dim this rank's block when split.
-
-        Returns
-        -------
-        torch.Tensor
-            Same shape as ``x``.
-
-        Raises
-        ------
-        TypeError, ValueError
-            On a wrong input (on every rank of the axis, the first time a shape is seen).
-        """
-        comm = self._checked_comm(x)
+    def _normalize(self, x: torch.Tensor, comm: Any) -> torch.Tensor:
         eps = float(self.eps)  # type: ignore[arg-type]
         if comm is None:
             return torch.nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, eps)
@@ -335,24 +341,7 @@ class RMSNorm(_FeatureNorm):
     ) -> None:  # fmt: skip
         super().__init__(normalized_shape, grid, axis, eps, elementwise_affine, False, cuts, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Collective over the ranks of ``axis`` (local when ``axis`` is None). Normalise the rows of ``x``.
-
-        Parameters
-        ----------
-        x : torch.Tensor
-            ``[..., *normalized_shape]``, the last dim this rank's block when split.
-
-        Returns
-        -------
-        torch.Tensor
-
-        Raises
-        ------
-        TypeError, ValueError
-            On a wrong input (on every rank of the axis, the first time a shape is seen).
-        """
-        comm = self._checked_comm(x)
+    def _normalize(self, x: torch.Tensor, comm: Any) -> torch.Tensor:
         k = len(self.normalized_shape)
         eps = torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)
         if comm is None:
