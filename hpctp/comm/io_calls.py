@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from . import tags
 from . import trace as T
 from .collectives import bcast, bcast_ints
 from .counter import record
 
 __all__ = ["TURN_TAG", "wait_turn", "pass_turn", "bcast_bytes"]
 
-TURN_TAG = 0x4844  # "HD": the token of serialised HDF5 writes; never used by other hpctp messages
+TURN_TAG = tags.TURN  # the token of serialised HDF5 writes (the table of every tag: hpctp.comm.tags)
 
 
 def wait_turn(comm: MPI.Intracomm, tag: int = TURN_TAG) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 from .. import comm as C
 from .._util.backend import Array, copy_into, empty_like_backend, from_bytes, is_torch
 from ..comm import pool as P
+from ..comm import tags
 from ..layout import grid_coords
 from ..ops.transfer import itemsize
 from .plan import FetchPlan, Piece
@@ -29,8 +30,8 @@ __all__ = [
     "fetch",
 ]
 
-TAG = 0x4A10
-ADJOINT_TAG = 0x4A11
+TAG = tags.HALO
+ADJOINT_TAG = tags.HALO_ADJOINT
 
 
 def _flip(a: Array, axes: tuple[int, ...]) -> Array:

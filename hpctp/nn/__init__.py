@@ -24,6 +24,7 @@ from .distributed import (
 )
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
 from .materialize import materialize
+from .pipeline_parallel import PipelineParallel
 from .spatial import (
     AvgPool2d,
     AvgPool3d,
@@ -108,6 +109,7 @@ __all__ = [
     "NeighborhoodAttention3d",
     "ParallelMLP",
     "ParallelPlan",
+    "PipelineParallel",
     "PatchEmbed2d",
     "PatchEmbed3d",
     "RMSNorm",

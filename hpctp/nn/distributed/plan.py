@@ -1,16 +1,18 @@
-"""The roles of a process grid's axes in training: data, spatial and tensor parallelism.
+"""The roles of a process grid's axes in training: data, pipeline, spatial and tensor parallelism.
 
-A training grid has three kinds of axes (any of them may be absent, and an axis may have size 1):
+A training grid has four kinds of axes (any of them may be absent, and an axis may have size 1):
 
 * **data** axes: ranks along them hold *different samples* of the global batch and the same
   model (or, with :class:`hpctp.nn.ShardedDataParallel`, shards of it);
 * **spatial** axes: ranks along them hold different *blocks of each field* (the layers' ``split``);
 * **tensor** axes: ranks along them hold different *parts of the weights* (heads, hidden units)
-  and the same activations.
+  and the same activations;
+* a **pipeline** axis (at most one): ranks along it hold different *layers* (the stages of
+  :class:`hpctp.nn.PipelineParallel`), each stage on its own model grid of the same shape.
 
 The model is built on :attr:`ParallelPlan.model_grid`, the sub-grid of the spatial and tensor axes
-(in the grid's axis order); each data group (the ranks with the same data coordinates) is one such
-sub-grid. The loss is summed over the data and spatial axes (:attr:`ParallelPlan.loss_axes`), so it
+(in the grid's axis order); each data group and pipeline stage (the ranks with the same data and
+pipeline coordinates) is one such sub-grid. The loss is summed over the data and spatial axes (:attr:`ParallelPlan.loss_axes`), so it
 is the loss of the global batch on every rank, and :meth:`ParallelPlan.sync_gradients` sums each
 gradient over the axes where it is partial: the data axes and, for a replicated parameter, the
 spatial axes (never the tensor axes, along which replicated parameters get identical gradients).
@@ -19,6 +21,7 @@ With every axis of size 1 the plan is one process.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -61,12 +64,14 @@ class ParallelPlan:
         Grid axes that split the fields (default: every axis not in ``data`` or ``tensor``).
     tensor : sequence of int
         Grid axes that split the weights.
+    pipeline : int or sequence of one int, optional
+        The grid axis along which ranks hold different stages (layers) of the model.
 
     Attributes
     ----------
     grid : ProcessGrid
-    data_axes, spatial_axes, tensor_axes : tuple of int
-        Axes of ``grid``.
+    data_axes, spatial_axes, tensor_axes, pipeline_axes : tuple of int
+        Axes of ``grid`` (``pipeline_axes``: none or one).
     model_grid : ProcessGrid
         The spatial and tensor axes (grid order; ``(1,)`` when there are none): build the model,
         its inputs and its layers on it.
@@ -76,6 +81,12 @@ class ParallelPlan:
         The ranks of the other data groups that hold the same blocks (rank = data index).
     data_size, data_rank : int
         Number of data groups and this rank's group.
+    pipeline_comm : mpi4py.MPI.Intracomm
+        The ranks holding the other stages of this rank's model copy (rank = stage position).
+    pipeline_size, pipeline_rank : int
+        Number of pipeline ranks (1 without a pipeline axis) and this rank's place along it.
+    stage_comm : mpi4py.MPI.Intracomm
+        The ranks holding the same stage (every axis but the pipeline one): what a stage's collectives span.
 
     Raises
     ------
@@ -92,37 +103,49 @@ class ParallelPlan:
         data: Sequence[int] = (),
         spatial: Sequence[int] | None = None,
         tensor: Sequence[int] = (),
+        pipeline: int | Sequence[int] = (),
     ) -> None:
         check_grid(grid)
         error: Exception | None = None
         data_axes: tuple[int, ...] = ()
         tensor_axes: tuple[int, ...] = ()
         spatial_axes: tuple[int, ...] = ()
+        pipeline_axes: tuple[int, ...] = ()
         try:
             data_axes = _axes("data", data, grid.ndim)
             tensor_axes = _axes("tensor", tensor, grid.ndim)
-            named = data_axes + tensor_axes
+            pipeline_axes = _axes("pipeline", pipeline, grid.ndim)
+            if len(pipeline_axes) > 1:
+                raise ValueError(
+                    f"ParallelPlan: pipeline={pipeline_axes} names {len(pipeline_axes)} axes; the stages lie along one grid "
+                    "axis: name one (merge axes into one with another grid shape)"
+                )
+            named = data_axes + tensor_axes + pipeline_axes
             if spatial is None:
                 spatial_axes = tuple(a for a in range(grid.ndim) if a not in named)
             else:
                 spatial_axes = _axes("spatial", spatial, grid.ndim)
-            every = data_axes + spatial_axes + tensor_axes
+            every = data_axes + spatial_axes + tensor_axes + pipeline_axes
             if len(set(every)) != len(every):
                 raise ValueError(
-                    f"ParallelPlan: data={data_axes}, spatial={spatial_axes}, tensor={tensor_axes} name an axis "
-                    "twice; give each grid axis one role"
+                    f"ParallelPlan: data={data_axes}, spatial={spatial_axes}, tensor={tensor_axes}, "
+                    f"pipeline={pipeline_axes} name an axis twice; give each grid axis one role"
                 )
             if len(every) != grid.ndim:
                 missing = sorted(set(range(grid.ndim)) - set(every))
                 raise ValueError(
                     f"ParallelPlan: grid axes {missing} of a {grid.ndim}-D grid have no role; name them in data, "
-                    "spatial or tensor (or leave spatial out: it takes the rest)"
+                    "pipeline, spatial or tensor (or leave spatial out: it takes the rest)"
                 )
         except (TypeError, ValueError) as e:
             error = e
-        C.agree_arguments(grid.comm, "ParallelPlan", error, data=data_axes, spatial=spatial_axes, tensor=tensor_axes)
+        C.agree_arguments(
+            grid.comm, "ParallelPlan", error, data=data_axes, spatial=spatial_axes, tensor=tensor_axes,
+            pipeline=pipeline_axes,
+        )  # fmt: skip
         self.grid = grid
         self.data_axes, self.spatial_axes, self.tensor_axes = data_axes, spatial_axes, tensor_axes
+        self.pipeline_axes = pipeline_axes
         model = sorted(spatial_axes + tensor_axes)
         self.model_grid = grid.subgrid(model)
         position = {a: i for i, a in enumerate(model)}
@@ -132,6 +155,16 @@ class ParallelPlan:
         self.data_comm = grid.axes_comm(data_axes)
         self.data_size = math.prod(grid.dims[a] for a in data_axes)
         self.data_rank = int(self.data_comm.Get_rank())
+        self.pipeline_comm = grid.axes_comm(pipeline_axes)
+        self.pipeline_size = math.prod(grid.dims[a] for a in pipeline_axes)
+        self.pipeline_rank = int(self.pipeline_comm.Get_rank())
+        self.stage_comm = grid.axes_comm(tuple(a for a in range(grid.ndim) if a not in pipeline_axes))
+        for spatial_part in itertools.chain.from_iterable(
+            itertools.combinations(spatial_axes, k) for k in range(len(spatial_axes) + 1)
+        ):  # every communicator a gradient may be summed over, made here by all ranks in one order (pipeline stages
+            # of different layers would otherwise ask for different ones first)
+            grid.axes_comm(tuple(sorted(data_axes + spatial_part)))
+            grid.axes_comm(spatial_part)
 
     # ------------------------------------------------------------------ local queries
     @property
@@ -225,5 +258,7 @@ class ParallelPlan:
     def __repr__(self) -> str:
         return (
             f"ParallelPlan(dims={self.grid.dims}, data={self.data_axes}, spatial={self.spatial_axes}, "
-            f"tensor={self.tensor_axes}, model_grid={self.model_grid.dims})"
+            f"tensor={self.tensor_axes}"
+            + (f", pipeline={self.pipeline_axes}" if self.pipeline_axes else "")
+            + f", model_grid={self.model_grid.dims})"
         )

@@ -228,7 +228,7 @@ class ShardedDataParallel(torch.nn.Module):
             error = e
         generator = zlib.crc32(torch.get_rng_state().numpy().tobytes()) if meta and seed is None else 0
         C.agree_arguments(
-            plan.grid.comm, "ShardedDataParallel", error, stage=stage, bucket_mib=bucket_mib, overlap=overlap,
+            plan.stage_comm, "ShardedDataParallel", error, stage=stage, bucket_mib=bucket_mib, overlap=overlap,
             prefetch=prefetch, names=[n for n, _ in trainable], axes=axes, meta=meta, seed=seed,
             generator_state=generator,
         )  # fmt: skip
@@ -538,6 +538,11 @@ class ShardedDataParallel(torch.nn.Module):
         self._check_optimizer(optimizer)
         self.finish_gradients()
         optimizer.step()
+        self.refresh_parameters()
+
+    def refresh_parameters(self) -> None:
+        """Collective over the data axes. Stages 1-2: all-gather the updated slices into the whole parameters
+        (after ``optimizer.step()`` when not stepping through :meth:`step`); other stages: nothing."""
         if self.stage in (1, 2):
             with torch.no_grad():
                 for b in self._buckets:
@@ -619,7 +624,7 @@ class ShardedDataParallel(torch.nn.Module):
         except ValueError as e:
             error = e
         every = sorted({pair for bucket_kinds in kinds for pair in bucket_kinds})  # bucket counts may differ
-        C.agree_arguments(self.plan.grid.comm, "ShardedDataParallel.gathered", error, state=every)
+        C.agree_arguments(self.plan.stage_comm, "ShardedDataParallel.gathered", error, state=every)
         state: dict[torch.nn.Parameter, dict[str, Any]] = {}
         for b, bucket_kinds in zip(self._buckets, kinds):
             st = optimizer.state.get(b._shard(), {})

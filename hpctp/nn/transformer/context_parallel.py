@@ -62,7 +62,7 @@ import torch.nn.functional as F
 
 from ... import comm as C
 from ..._util.backend import backend_name, from_bytes
-from ...comm import ProcessGrid
+from ...comm import ProcessGrid, tags
 from ...comm import pool as P
 from ...layout import Layout
 from ...layout.ring import RingPlan, all_to_all_split, flat_token_indices, ring_plan
@@ -85,9 +85,9 @@ __all__ = [
     "attention_schedule",
 ]
 
-RING_TAG = 0x4A20
+RING_TAG = tags.RING
 """MPI tag of the K/V blocks travelling the ring (on the grid's communicator)."""
-RING_GRAD_TAG = 0x4A21
+RING_GRAD_TAG = tags.RING_GRAD
 """MPI tag of the ``dK/dV`` blocks travelling the ring in the backward pass."""
 SCORE_TILE_ELEMENTS = 1 << 22
 """Scores (``batch x heads x queries x keys``) one ring step holds at once; keys are tiled to stay below it."""
