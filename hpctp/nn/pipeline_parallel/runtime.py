@@ -21,7 +21,6 @@ rank, the action and the schedule table; :func:`hpctp.cli.run_main` then ends th
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -36,9 +35,10 @@ from ...comm import Pending, tags
 from ...layout import block_range
 from ...tensor.core import DistTensor
 from ..distributed.plan import ParallelPlan
+from ..distributed.recompute import Checkpointed
 from ..distributed.sharded import ShardedDataParallel
 from ..init import seeded
-from ..materialize import has_meta, materialize_modules, meta_problems, reset_order
+from ..materialize import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
 from ._messages import Described, describe, receive_description, send_description
@@ -170,6 +170,7 @@ class PipelineParallel(torch.nn.Module):
         self.stage_modules = torch.nn.ModuleList(kept[s] for s in self.stages)
         self.modules_of = dict(zip(self.stages, self.stage_modules))
         self._last_grad_action = _last_gradient_actions(sched, plan.pipeline_rank)
+        self._splittable = {s: not _recomputes(m) for s, m in self.modules_of.items()}  # [Note: split backward]
         self._meta_sent: set[tuple[int, int]] = set()
         self._meta_known: dict[tuple[int, int], Described] = {}
         self._weights_of: dict[int, list[float]] = {}  # share size -> each micro-batch's share of the global batch
@@ -198,10 +199,11 @@ class PipelineParallel(torch.nn.Module):
         if meta:
             with seeded(seed):
                 for i, layer in enumerate(chain):  # every layer, in order: the generator draws as one process's
-                    target = layer if i in owned else copy.deepcopy(layer)
-                    materialize_modules(reset_order(target), "cpu")
+                    materialize_modules(reset_order(layer), "cpu")
                     if i in owned:
                         layer.to(device)
+                    else:  # another rank's: drawn only for the generator's sake, then back on meta
+                        dematerialize(layer)
         out: dict[int, torch.nn.Module] = {}
         for s, idx in mine.items():
             module: torch.nn.Module = torch.nn.Sequential(OrderedDict((str(i), chain[i]) for i in idx))
@@ -374,6 +376,10 @@ class _Step:
     def _peer(self, stage: int) -> int:
         return self.pipe.schedule.rank_of(stage)
 
+    def _local(self, stage: int) -> bool:
+        """Whether ``stage`` runs on this rank too (a pipeline of one rank holds every stage)."""
+        return self._peer(stage) == self.pipe.plan.pipeline_rank
+
     def _description(self, boundary: int, i: int) -> Described | None:
         return self.pipe._meta_known.get((boundary, self.sizes[i]))
 
@@ -454,6 +460,9 @@ class _Step:
         s, i = a.stage, a.microbatch
         if s == 0:
             x = _rows(self.inputs, self.starts[i], self.starts[i + 1])
+        elif self._local(s - 1):  # the previous stage on this rank (one pipeline rank): handed over, no message
+            prev = self.y[(s - 1, i)]
+            x = _detached(prev)
         else:
             block = self._take("F", s, i).requires_grad_(True)
             x = self._description(s - 1, i).wrap(block, self.grid)  # type: ignore[union-attr]
@@ -468,32 +477,42 @@ class _Step:
             out = loss
         self.y[(s, i)] = out
 
-    def _gradient_sync(self, a: Action) -> contextlib.AbstractContextManager[Any]:
+    def _gradient_sync(self, a: Action, whole: bool = False) -> contextlib.AbstractContextManager[Any]:
         """Inside the stage's no_sync unless ``a`` is the stage's last gradient pass (ZeRO 0-2: gradients wait in
-        the buckets until then; stage 3 sends every micro-batch's, into its slices)."""
+        the buckets until then; stage 3 sends every micro-batch's, into its slices). ``whole``: a backward that
+        computes the weights' gradients too, where a zero-bubble schedule's W would have."""
         module = self.pipe.modules_of[a.stage]
         if not isinstance(module, ShardedDataParallel) or module.stage == 3 or a.kind is _K.F:
             return contextlib.nullcontext()
-        if self.pipe._last_grad_action[a.stage] == (a.kind, a.microbatch):
+        kind = _K.W if whole and self.pipe.schedule.split_backward else a.kind
+        if self.pipe._last_grad_action[a.stage] == (kind, a.microbatch):
             return contextlib.nullcontext()
         return module.no_sync()
 
     def backward(self, a: Action) -> None:
         s, i = a.stage, a.microbatch
         out = self.y.pop((s, i))
-        grad = None if s == self.last else self._take("B", s, i)
+        if s == self.last:
+            grad = None
+        elif self._local(s + 1):
+            grad = self.dinput.pop((s + 1, i))
+            del self.x[(s + 1, i)]
+        else:
+            grad = self._take("B", s, i)
         root = out if s == self.last else _block(out)
         x_block = _block(self.x[(s, i)]) if s > 0 else None
         module = self.pipe.modules_of[s]
-        if self.pipe.schedule.split_backward:
+        if self.pipe.schedule.split_backward and self.pipe._splittable[s]:
             params = [p for p in _inner(module).parameters() if p.requires_grad]
             dx, weights = backward_input([root], [grad], [x_block] if x_block is not None else [], params)
             self.weight_pass[(s, i)] = weights
             self.dinput[(s, i)] = dx[0] if dx else None
-        else:
-            with self._gradient_sync(a):
+        else:  # (zero-bubble on a stage with recomputed layers: the weights' gradients come here, W does nothing)
+            with self._gradient_sync(a, whole=True):
                 torch.autograd.backward([root], None if grad is None else [grad])
             self.dinput[(s, i)] = x_block.grad if x_block is not None else None
+            if self.pipe.schedule.split_backward:
+                self.weight_pass[(s, i)] = _nothing
         if s == 0:
             del self.x[(s, i)]
 
@@ -550,6 +569,23 @@ def _length(x: Any) -> int:
 
 def _rows(x: Any, a: int, b: int) -> Any:
     return x[a:b]
+
+
+def _nothing() -> None:
+    """A weight-gradient pass with nothing left to do."""
+
+
+def _recomputes(module: torch.nn.Module) -> bool:
+    """Whether a stage recomputes activations in backward (:func:`hpctp.nn.checkpoint_forward`, Checkpointed): its
+    backward cannot be split, since the recompute runs once per pass."""
+    return any(getattr(m, "hpctp_recomputed", False) or isinstance(m, Checkpointed) for m in module.modules())
+
+
+def _detached(x: Any) -> Any:
+    """A stage's output as the next stage's input on the same rank: a new leaf, so each stage has its own graph."""
+    if isinstance(x, DistTensor):
+        return x.with_local(x.local.detach().requires_grad_(True))
+    return x.detach().requires_grad_(True)
 
 
 def _block(x: Any) -> torch.Tensor:
