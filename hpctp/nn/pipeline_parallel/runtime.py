@@ -358,12 +358,7 @@ class _Step:
         for j, a in enumerate(actions):
             self.post_ahead(actions[j : j + 1 + RECEIVE_AHEAD])
             try:
-                if a.kind.is_compute:
-                    t0 = time.perf_counter()
-                    self.handlers[a.kind](a)
-                    self.spans.append((str(a), t0, time.perf_counter()))
-                else:
-                    self.handlers[a.kind](a)
+                self.handlers[a.kind](a)
             except Exception as e:
                 raise RuntimeError(
                     f"PipelineParallel: pipeline rank {self.pipe.plan.pipeline_rank} failed at step {j} ({a}): {e}\n"
@@ -467,15 +462,15 @@ class _Step:
             block = self._take("F", s, i).requires_grad_(True)
             x = self._description(s - 1, i).wrap(block, self.grid)  # type: ignore[union-attr]
         self.x[(s, i)] = x
-        module = self.pipe.modules_of[s]
-        with self._gradient_sync(a):
-            out = module(x)
+        t0 = time.perf_counter()  # (after the input arrived: a span is computation, never waiting)
+        out = self.pipe.modules_of[s](x)
         if s == self.last:
             target = _rows(self.targets, self.starts[i], self.starts[i + 1])
             loss = self.loss_fn(out, target) * self.share_of[i]
             self.loss += float(loss.detach())
             out = loss
         self.y[(s, i)] = out
+        self.spans.append((str(a), t0, time.perf_counter()))
 
     def _gradient_sync(self, a: Action, whole: bool = False) -> contextlib.AbstractContextManager[Any]:
         """Inside the stage's no_sync unless ``a`` is the stage's last gradient pass (ZeRO 0-2: gradients wait in
@@ -501,6 +496,7 @@ class _Step:
             grad = self._take("B", s, i)
         root = out if s == self.last else _block(out)
         x_block = _block(self.x[(s, i)]) if s > 0 else None
+        t0 = time.perf_counter()
         module = self.pipe.modules_of[s]
         if self.pipe.schedule.split_backward and self.pipe._splittable[s]:
             params = [p for p in _inner(module).parameters() if p.requires_grad]
@@ -515,10 +511,13 @@ class _Step:
                 self.weight_pass[(s, i)] = _nothing
         if s == 0:
             del self.x[(s, i)]
+        self.spans.append((str(a), t0, time.perf_counter()))
 
     def weights(self, a: Action) -> None:
+        t0 = time.perf_counter()
         with self._gradient_sync(a):
             self.weight_pass.pop((a.stage, a.microbatch))()
+        self.spans.append((str(a), t0, time.perf_counter()))
 
 
 # ---------------------------------------------------------------------- helpers
