@@ -260,3 +260,28 @@ def test_bad_pipelines_are_refused_on_every_rank() -> None:
         with pytest.raises(ValueError, match="a batch of 3 samples cannot fill 4 micro-batches"):
             model.step(x, x, _loss(plan, "mlp"))
         plan.free()
+
+
+@pytest.mark.mpi
+def test_stages_balanced_by_parameters_or_a_profiling_pass() -> None:
+    """Without cuts the stages are balanced: by parameter count (the cuts balanced_cuts gives for them), or by one
+    profiling pass over a sample (measured time, the same cuts on every rank), each stage's share reported."""
+    from hpctp.nn.pipeline_parallel import balanced_cuts
+
+    with hpctp.ProcessGrid((WORLD.size,)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        torch.manual_seed(0)
+        widths = [E, 24, E, 12, E, 2, E]
+        layers = [torch.nn.Linear(a, b, dtype=F64) for a, b in zip(widths, widths[1:])]
+        model = PipelineParallel(layers, plan, microbatches=2)
+        costs = [1.0 + sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers]
+        assert_equal(grid, list(model.cuts), list(balanced_cuts(costs, plan.pipeline_size)), "cuts by parameters")
+        assert_all(grid, abs(sum(share for _, _, _, share, _, _ in model.balance) - 1.0) < 1e-12, "shares sum to 1")
+        x = torch.randn(3, E, dtype=F64)
+        measured = PipelineParallel(layers, plan, microbatches=2, sample=x)
+        cuts = hpctp.comm.allgather_ints(grid.comm, list(measured.cuts))
+        assert_all(grid, bool((cuts == cuts[0]).all()), f"every rank cuts alike: {cuts.tolist()}")
+        assert_all(
+            grid, all(b > a for a, b in zip(measured.cuts, measured.cuts[1:])), f"no empty stage {measured.cuts}"
+        )
+        plan.free()

@@ -21,6 +21,7 @@ rank, the action and the schedule table; :func:`hpctp.cli.run_main` then ends th
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,7 @@ RECEIVE_AHEAD = 3
 posting lets a large message land while this rank computes; each posted receive holds its buffer."""
 
 _K = ActionKind
+_LOG = logging.getLogger("hpctp.nn.pipeline")
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -90,6 +92,9 @@ class PipelineParallel(torch.nn.Module):
     ----------
     schedule : Schedule
     cuts : tuple of int
+    balance : tuple of (int, int, int, float, float, float)
+        Balanced cuts only: per stage ``(stage, first layer, end layer, share of the cost, parameter bytes,
+        activation bytes per micro-batch)``; also logged (logger ``hpctp.nn.pipeline``, grid rank 0).
     stages : tuple of int
         The stage indices this rank holds.
     modules_of : dict
@@ -163,6 +168,7 @@ class PipelineParallel(torch.nn.Module):
         )  # fmt: skip
         sched = cast(Schedule, sched)  # (agreed above: no rank failed)
         self.plan, self.schedule, self.zero = plan, sched, zero
+        self.balance: tuple[tuple[int, int, int, float, float, float], ...] = ()
         self.cuts = tuple(cuts) if cuts is not None else self._balance(chain, sample)
         self.stages = tuple(sched.stages_of(plan.pipeline_rank))
         target = _device(device, meta)
@@ -179,16 +185,34 @@ class PipelineParallel(torch.nn.Module):
     # ------------------------------------------------------------------ construction
     def _balance(self, chain: list[torch.nn.Module], sample: Any) -> tuple[int, ...]:
         """Collective over grid. Balanced cuts: measured forward time and saved activations per layer (the max
-        over ranks, so every rank cuts alike), or the parameter count without a sample."""
+        over ranks, so every rank cuts alike), or the parameter count without a sample; logged with each stage's
+        predicted share (:attr:`balance`)."""
         n = self.schedule.n_stages
+        params = [float(sum(p.numel() * p.element_size() for p in layer.parameters())) for layer in chain]
         if sample is None:
-            costs = [1.0 + sum(p.numel() for p in layer.parameters()) for layer in chain]
-            return balanced_cuts(costs, n)
-        times, saved = _profile(chain, sample)
-        both = np.array(times + saved, dtype=np.float64)
-        C.allreduce(self.plan.grid.comm, both, "max")
-        times, saved = both[: len(chain)].tolist(), both[len(chain) :].tolist()
-        return balanced_cuts(times, n, secondary=saved)
+            costs, saved = [1.0 + v for v in params], [0.0] * len(chain)
+            cuts = balanced_cuts(costs, n)
+        else:
+            times, saved = _profile(chain, sample)
+            both = np.array(times + saved, dtype=np.float64)
+            C.allreduce(self.plan.grid.comm, both, "max")
+            costs, saved = both[: len(chain)].tolist(), both[len(chain) :].tolist()
+            cuts = balanced_cuts(costs, n, secondary=saved)
+        total = sum(costs) or 1.0
+        self.balance = tuple(
+            (s, cuts[s], cuts[s + 1], sum(costs[cuts[s] : cuts[s + 1]]) / total, sum(params[cuts[s] : cuts[s + 1]]),
+             sum(saved[cuts[s] : cuts[s + 1]]))
+            for s in range(n)
+        )  # fmt: skip
+        if self.plan.grid.rank == 0:
+            what = "measured time" if sample is not None else "parameters"
+            rows = "; ".join(
+                f"stage {s}: layers {a}:{b}, {share:.0%} of the {what}, {p / 2**20:.2f} MiB of parameters"
+                + (f", {act / 2**20:.2f} MiB of activations per micro-batch" if sample is not None else "")
+                for s, a, b, share, p, act in self.balance
+            )
+            _LOG.info("pipeline cuts %s (balanced by %s): %s", cuts, what, rows)
+        return cuts
 
     def _build(
         self, chain: list[torch.nn.Module], seed: int | None, device: Any, meta: bool
