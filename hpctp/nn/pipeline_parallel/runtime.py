@@ -39,7 +39,7 @@ from ..distributed.plan import ParallelPlan
 from ..distributed.recompute import Checkpointed
 from ..distributed.sharded import ShardedDataParallel
 from ..init import seeded
-from ..materialize import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
+from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
 from ._messages import Described, describe, receive_description, send_description

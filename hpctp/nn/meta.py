@@ -144,7 +144,7 @@ def materialize(module: torch.nn.Module, *, seed: int | None = None, device: Any
 
     Each rank materializes its own blocks (no communication): a sharded parameter gets this rank's
     block of the grid-independent global tensor, a replicated one the same values on every rank.
-    See :mod:`hpctp.nn.materialize` for the order of the resets.
+    See :mod:`hpctp.nn.meta` for the order of the resets.
 
     Parameters
     ----------
