@@ -1,6 +1,6 @@
-"""PipelineParallel against one process: every schedule on pipeline x data / tensor / spatial grids, uneven layer
-counts and micro-batches, ZeRO 1-2 per stage, activation checkpointing, models built on meta; the messages it sends;
-bad input refused on every rank."""
+"""PipelineParallel against one process: every schedule on pipeline x data / tensor / spatial grids, activations that
+are tuples of tensors (skips, the input carried to a residual), uneven layer counts and micro-batches, ZeRO 1-2 per
+stage, activation checkpointing, models built on meta; the messages it sends; bad input refused on every rank."""
 
 from __future__ import annotations
 
@@ -48,6 +48,53 @@ def _spatial(grid: hpctp.ProcessGrid, axis: int = 0) -> list[torch.nn.Module]:
     return out[:-1]
 
 
+class _Carry(torch.nn.Module):
+    """x -> (x, x): the input travels beside the features, to the residual at the end."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x, x)
+
+
+class _Push(torch.nn.Module):
+    """(x, *skips) -> (x, *skips, tanh(linear(skips[-1]))): a tuple that grows (a U-Net's way down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(E, E, dtype=F64)
+
+    def forward(self, t: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (*t, torch.tanh(self.linear(t[-1])))
+
+
+class _Merge(torch.nn.Module):
+    """(x, *skips, a, b) -> (x, *skips, linear([a, b])): the way up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2 * E, E, dtype=F64)
+
+    def forward(self, t: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (*t[:-2], self.linear(torch.cat([t[-2], t[-1]], dim=1)))
+
+
+class _Residual(torch.nn.Module):
+    """(x, h) -> x + linear(h)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(E, E, dtype=F64)
+
+    def forward(self, t: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, h = t
+        return x + self.linear(h)
+
+
+def _skips(grid: hpctp.ProcessGrid | None) -> list[torch.nn.Module]:
+    """8 layers whose activations are tuples of 2 to 4 tensors (the input carried to a residual, skips)."""
+    torch.manual_seed(0)
+    return [_Carry(), _Push(), _Push(), _Push(), _Merge(), _Merge(), _Merge(), _Residual()]
+
+
 def _batch(kind: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)
     shape = (N, C, FH, FW) if kind == "spatial" else (N, E)
@@ -73,8 +120,8 @@ def _loss(plan: ParallelPlan, kind: str) -> Callable[[Any, Any], torch.Tensor]:
 
 
 def _layers(kind: str, plan: ParallelPlan | None) -> list[torch.nn.Module]:
-    if kind == "mlp":
-        return _mlp(None)
+    if kind in ("mlp", "skips"):
+        return _mlp(None) if kind == "mlp" else _skips(None)
     grid = plan.model_grid if plan is not None else hpctp.ProcessGrid((1,), comm=MPI.COMM_SELF)
     axis = (plan.tensor or plan.spatial or (0,))[0] if plan is not None else 0
     return (_tensor if kind == "tensor" else _spatial)(grid, axis)
@@ -100,7 +147,7 @@ def _reference(kind: str) -> tuple[torch.nn.Module, list[float]]:
 ALL = [("gpipe", 1, None, False, False), ("1f1b", 1, None, False, False), ("interleaved", 2, None, False, False),
        ("zero_bubble", 1, None, False, False)]  # fmt: skip
 _PLANS = {
-    1: [((1,), (), (), 0, "mlp", ALL)],
+    1: [((1,), (), (), 0, "mlp", ALL), ((1,), (), (), 0, "skips", [("zero_bubble", 1, None, False, False)])],
     2: [
         (
             (2,),
@@ -115,7 +162,8 @@ _PLANS = {
                 ("1f1b", 1, None, True, False),
                 ("interleaved", 2, None, False, True),
             ],
-        )
+        ),
+        ((2,), (), (), 0, "skips", [*ALL, ("1f1b", 1, 2, False, False)]),
     ],  # fmt: skip
     3: [
         (
@@ -129,10 +177,12 @@ _PLANS = {
                 ("zero_bubble", 1, None, False, False),
                 ("interleaved", 2, None, False, False),
             ],
-        )
+        ),
+        ((3,), (), (), 0, "skips", [("zero_bubble", 1, None, False, False)]),
     ],  # fmt: skip
     4: [
         ((2, 2), (1,), (), 0, "mlp", [*ALL, ("1f1b", 1, 1, False, False), ("zero_bubble", 1, 2, True, False)]),
+        ((2, 2), (1,), (), 0, "skips", [("interleaved", 2, 1, False, False)]),
         (
             (2, 2),
             (),

@@ -98,7 +98,9 @@ def backward_input(
     captured: dict[Node, tuple[torch.Tensor | None, ...]] = {}
     hooks = [n.register_prehook(lambda g, n=n: captured.__setitem__(n, g)) for n in boundary]
     try:
-        found = list(torch.autograd.grad(outputs, wanted, grads, retain_graph=True)) if wanted else []
+        found = (
+            list(torch.autograd.grad(outputs, wanted, grads, retain_graph=True, allow_unused=True)) if wanted else []
+        )
     finally:
         for h in hooks:
             h.remove()

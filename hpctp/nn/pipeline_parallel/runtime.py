@@ -42,7 +42,7 @@ from ..init import seeded
 from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
-from ._messages import Described, describe, receive_description, send_description
+from ._messages import Described, blocks_of, describe, receive_description, send_description
 from ._split_backward import backward_input
 from .schedules import Schedule, pipeline_schedule
 
@@ -63,8 +63,9 @@ class PipelineParallel(torch.nn.Module):
     Parameters
     ----------
     layers : torch.nn.Sequential or sequence of torch.nn.Module
-        The model as a chain of layers, each taking the previous one's output (a tensor or a
-        :class:`~hpctp.DistTensor` on ``plan.model_grid``), built on ``plan.model_grid`` on every rank,
+        The model as a chain of layers, each taking the previous one's output (a tensor, a
+        :class:`~hpctp.DistTensor` on ``plan.model_grid``, or a tuple of them: skip connections, the input
+        carried to a residual output; one message per tensor), built on ``plan.model_grid`` on every rank,
         identically, or on the ``meta`` device (then no rank ever holds more than its stages).
     plan : ParallelPlan
         With a pipeline axis of ``p`` ranks (a plan without one runs every stage on each rank).
@@ -366,8 +367,8 @@ class _Step:
         self.grid = pipe.plan.model_grid
         self.x: dict[tuple[int, int], Any] = {}  # the stage's input (a tensor that requires grad, or the data)
         self.y: dict[tuple[int, int], Any] = {}  # its output (or the weighted loss on the last stage)
-        self.received: dict[tuple[str, int, int], tuple[Pending, torch.Tensor]] = {}
-        self.dinput: dict[tuple[int, int], torch.Tensor | None] = {}
+        self.received: dict[tuple[str, int, int], tuple[list[Pending], list[torch.Tensor]]] = {}
+        self.dinput: dict[tuple[int, int], list[torch.Tensor | None]] = {}  # per tensor of the stage's input
         self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
         self.sends: list[tuple[Pending, torch.Tensor]] = []
         self.spans: list[tuple[str, float, float]] = []
@@ -425,12 +426,13 @@ class _Step:
         out = self.y.get((a.stage, a.microbatch))
         if out is None:
             return False
-        self._post("B", a, torch.empty_like(_block(out)), tags.PIPELINE_GRADIENT, a.stage + 1)
+        self._post("B", a, [torch.empty_like(b) for b in blocks_of(out)], tags.PIPELINE_GRADIENT, a.stage + 1)
         return True
 
-    def _post(self, kind: str, a: Action, buf: torch.Tensor, tag: int, peer_stage: int) -> None:
-        pending = C.irecv(self.comm, buf, self._peer(peer_stage), tag)
-        self.received[(kind, a.stage, a.microbatch)] = (pending, buf)
+    def _post(self, kind: str, a: Action, bufs: list[torch.Tensor], tag: int, peer_stage: int) -> None:
+        peer = self._peer(peer_stage)
+        pending = [C.irecv(self.comm, buf, peer, tag) for buf in bufs]
+        self.received[(kind, a.stage, a.microbatch)] = (pending, bufs)
 
     def _device(self) -> torch.device:
         for module in self.pipe.modules_of.values():
@@ -449,30 +451,32 @@ class _Step:
 
     def receive_gradient(self, a: Action) -> None:
         if ("B", a.stage, a.microbatch) not in self.received:
-            self._post("B", a, torch.empty_like(_block(self.y[(a.stage, a.microbatch)])), tags.PIPELINE_GRADIENT,
-                       a.stage + 1)  # fmt: skip
+            bufs = [torch.empty_like(b) for b in blocks_of(self.y[(a.stage, a.microbatch)])]
+            self._post("B", a, bufs, tags.PIPELINE_GRADIENT, a.stage + 1)
 
     def send_activation(self, a: Action) -> None:
-        block, d = describe(self.y[(a.stage, a.microbatch)])
-        key = (a.stage, self.sizes[a.microbatch])
+        blocks, d = describe(self.y[(a.stage, a.microbatch)])
+        key, peer = (a.stage, self.sizes[a.microbatch]), self._peer(a.stage + 1)
         if key not in self.pipe._meta_sent:
-            self.sends.append((send_description(self.comm, d, self._peer(a.stage + 1)), block))
+            self.sends.append((send_description(self.comm, d, peer), blocks[0]))
             self.pipe._meta_sent.add(key)
-        data = block.detach().contiguous()
-        self.sends.append((C.isend(self.comm, data, self._peer(a.stage + 1), tags.PIPELINE_ACTIVATION), data))
+        for block in blocks:
+            data = block.detach().contiguous()
+            self.sends.append((C.isend(self.comm, data, peer, tags.PIPELINE_ACTIVATION), data))
 
     def send_gradient(self, a: Action) -> None:
-        g = self.dinput.pop((a.stage, a.microbatch))
+        grads = self.dinput.pop((a.stage, a.microbatch))
         x = self.x.pop((a.stage, a.microbatch))
-        if g is None:  # (the input did not reach the output)
-            g = torch.zeros_like(_block(x))
-        data = g.contiguous()
-        self.sends.append((C.isend(self.comm, data, self._peer(a.stage - 1), tags.PIPELINE_GRADIENT), data))
+        peer = self._peer(a.stage - 1)
+        for g, block in zip(grads, blocks_of(x)):
+            data = torch.zeros_like(block) if g is None else g.contiguous()  # (None: the input reached no output)
+            self.sends.append((C.isend(self.comm, data, peer, tags.PIPELINE_GRADIENT), data))
 
-    def _take(self, kind: str, stage: int, i: int) -> torch.Tensor:
-        pending, buf = self.received.pop((kind, stage, i))
-        pending.wait()
-        return buf
+    def _take(self, kind: str, stage: int, i: int) -> list[torch.Tensor]:
+        pending, bufs = self.received.pop((kind, stage, i))
+        for p in pending:
+            p.wait()
+        return bufs
 
     # ------------------------------------------------------------------ compute
     def forward(self, a: Action) -> None:
@@ -483,8 +487,8 @@ class _Step:
             prev = self.y[(s - 1, i)]
             x = _detached(prev)
         else:
-            block = self._take("F", s, i).requires_grad_(True)
-            x = self._description(s - 1, i).wrap(block, self.grid)  # type: ignore[union-attr]
+            blocks = [b.requires_grad_(True) for b in self._take("F", s, i)]
+            x = self._description(s - 1, i).wrap(blocks, self.grid)  # type: ignore[union-attr]
         self.x[(s, i)] = x
         t0 = time.perf_counter()  # (after the input arrived: a span is computation, never waiting)
         out = self.pipe.modules_of[s](x)
@@ -511,26 +515,30 @@ class _Step:
     def backward(self, a: Action) -> None:
         s, i = a.stage, a.microbatch
         out = self.y.pop((s, i))
-        if s == self.last:
-            grad = None
-        elif self._local(s + 1):
-            grad = self.dinput.pop((s + 1, i))
-            del self.x[(s + 1, i)]
-        else:
-            grad = self._take("B", s, i)
-        root = out if s == self.last else _block(out)
-        x_block = _block(self.x[(s, i)]) if s > 0 else None
+        roots: list[torch.Tensor] = [out]
+        grads: list[torch.Tensor | None] = [None]  # (the last stage: the loss's 1)
+        if s != self.last:
+            if self._local(s + 1):
+                arrived: list[torch.Tensor | None] = self.dinput.pop((s + 1, i))
+                del self.x[(s + 1, i)]
+            else:
+                arrived = list(self._take("B", s, i))
+            # (outputs that need no gradient: data passed through from the first stage's input)
+            pairs = [(b, g) for b, g in zip(blocks_of(out), arrived) if b.requires_grad and g is not None]
+            roots, grads = [b for b, _ in pairs], [g for _, g in pairs]
+        x_blocks = blocks_of(self.x[(s, i)]) if s > 0 else []
         t0 = time.perf_counter()
         module = self.pipe.modules_of[s]
         if self.pipe.schedule.split_backward and self.pipe._splittable[s]:
             params = [p for p in _inner(module).parameters() if p.requires_grad]
-            dx, weights = backward_input([root], [grad], [x_block] if x_block is not None else [], params)
+            dx, weights = backward_input(roots, grads, x_blocks, params)
             self.weight_pass[(s, i)] = weights
-            self.dinput[(s, i)] = dx[0] if dx else None
+            self.dinput[(s, i)] = list(dx)
         else:  # (zero-bubble on a stage with recomputed layers: the weights' gradients come here, W does nothing)
             with self._gradient_sync(a, whole=True):
-                torch.autograd.backward([root], None if grad is None else [grad])
-            self.dinput[(s, i)] = x_block.grad if x_block is not None else None
+                if roots:
+                    torch.autograd.backward(roots, None if s == self.last else grads)
+            self.dinput[(s, i)] = [b.grad for b in x_blocks]
             if self.pipe.schedule.split_backward:
                 self.weight_pass[(s, i)] = _nothing
         if s == 0:
@@ -605,14 +613,12 @@ def _recomputes(module: torch.nn.Module) -> bool:
 
 
 def _detached(x: Any) -> Any:
-    """A stage's output as the next stage's input on the same rank: a new leaf, so each stage has its own graph."""
+    """A stage's output as the next stage's input on the same rank: new leaves, so each stage has its own graph."""
+    if isinstance(x, tuple):
+        return tuple(_detached(v) for v in x)
     if isinstance(x, DistTensor):
         return x.with_local(x.local.detach().requires_grad_(True))
     return x.detach().requires_grad_(True)
-
-
-def _block(x: Any) -> torch.Tensor:
-    return x.local if isinstance(x, DistTensor) else x
 
 
 def _inner(module: torch.nn.Module) -> torch.nn.Module:
