@@ -91,11 +91,9 @@ def _pipeline(args: argparse.Namespace, plan: Any, schedule: str, virtual: int, 
         hpctp.comm.allreduce(plan.grid.comm, slowest, "max")
         model.zero_grad(set_to_none=False)  # (the gradients stay allocated: the next step's peak is activations)
         if i:
-            (_, a, b), spans = model.timeline[0], model.timeline[1:]
-            busy = sum(e - s for _, s, e in spans)
-            bubbles.append(1.0 - busy / (b - a))
+            bubbles.append(model.idle_fraction())
             steps.append(float(slowest[0]))
-            for name, s, e in spans:
+            for name, s, e in model.timeline[1:]:
                 costs["W" if "W" in name else "B" if "B" in name else "F"].append(e - s)
     with hpctp.PeakMemory(tensors=True) as mem:
         model.step(x, y, loss_fn)

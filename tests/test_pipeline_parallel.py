@@ -335,3 +335,31 @@ def test_stages_balanced_by_parameters_or_a_profiling_pass() -> None:
             grid, all(b > a for a, b in zip(measured.cuts, measured.cuts[1:])), f"no empty stage {measured.cuts}"
         )
         plan.free()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_batches_of_every_size_down_to_the_microbatch_count() -> None:
+    """Batches of 2, 3, 4 and 2 samples over 2 data groups and 2 micro-batches: one group's share changes while the
+    other's stays (every rank still agrees on the cut), and a batch of 2 puts one sample in each micro-batch, not
+    both in the first (no micro-batch empty on every group): the losses and parameters of one process."""
+    if WORLD.size % 2:
+        pytest.skip("needs an even rank count (a 2 x k grid)")
+    with hpctp.ProcessGrid((2, WORLD.size // 2)) as grid:
+        plan = ParallelPlan(grid, data=(1,), pipeline=0)
+        model = PipelineParallel(_mlp(None), plan, schedule="1f1b", microbatches=2)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        ref = torch.nn.Sequential(*_mlp(None))
+        ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
+        got, want = [], []
+        for k, n in enumerate((2, 3, 4, 2)):
+            x, y = (t[:n] for t in _batch("mlp", k))
+            a, b = plan.sample_range(n)
+            got.append(model.step(x[a:b], y[a:b], _loss(plan, "mlp"), optimizer=opt))
+            model.zero_grad()
+            loss = torch.nn.functional.mse_loss(ref(x), y)
+            loss.backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            want.append(float(loss.detach()))
+        assert_allclose(grid, np.array(got), np.array(want), rtol=1e-10, what="losses")
+        plan.free()

@@ -1,4 +1,4 @@
-"""The surrogate's training on data x spatial (x tensor) grids, with each ZeRO stage: the loss curve of
+"""The surrogate's training on data x pipeline x spatial (x tensor) grids, with each ZeRO stage: the loss curve of
 one plan equals every other plan's (float64), a run resumes on another grid shape and stage, and the
 config's parallelism keys are validated."""
 
@@ -84,12 +84,20 @@ def test_setup_rejects_bad_keys() -> None:
         ("precision", "fp8", "precision"),
         ("tensor", 2, "vit"),
         ("checkpoint_activations", "yes", "true or false"),
+        ("pipeline", 0, "positive"),
+        ("schedule", "2f2b", "schedule"),
+        ("microbatches", 0, "positive"),
     ):
         bad = {**cfg, "train": {**cfg["train"], key: value}}
         with pytest.raises(ValueError, match=match):
             TrainingSetup(bad)
     with pytest.raises(ValueError, match="float32"):
         TrainingSetup({**cfg, "train": {**cfg["train"], "precision": "bf16"}})  # tiny trains in float64
+    fno = {**cfg, "surrogate": {**cfg["surrogate"], "model": "fno"}}
+    with pytest.raises(ValueError, match="the 'fno' model is not one"):
+        TrainingSetup({**fno, "train": {**cfg["train"], "pipeline": 2}})
+    with pytest.raises(ValueError, match="spectral_weight needs train.pipeline = 1"):
+        TrainingSetup({**cfg, "train": {**cfg["train"], "pipeline": 2, "spectral_weight": 0.5}})
 
 
 def _run(cfg: dict, root: Path, name: str, **train_keys: object) -> list[float]:  # type: ignore[type-arg]
@@ -125,3 +133,51 @@ def test_bf16_training_follows_float32(snapshots) -> None:  # type: ignore[no-un
     bf16 = _run(f32, root, "bf16", data=size, precision="bf16")
     with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
         assert_allclose(grid, np.array(bf16), np.array(ref), rtol=1e-2, what="bf16 loss curve vs float32")
+
+
+def _pipelines(size: int) -> list[tuple[str, dict[str, object]]]:
+    """(model, train keys) of the pipelines this rank count allows: U-Net and ViT cut into 2 or 3 stages, with data
+    groups and ZeRO per stage, a tensor axis (ViT), every schedule."""
+    out: list[tuple[str, dict[str, object]]] = []
+    if size % 2 == 0:
+        out += [
+            ("unet", {"pipeline": 2, "schedule": "1f1b"}),
+            ("unet", {"pipeline": 2, "schedule": "interleaved", "checkpoint_activations": True}),
+            ("vit", {"pipeline": 2, "schedule": "zero_bubble", "data": size // 2, "zero": 2 if size > 2 else 0}),
+        ]
+    if size % 4 == 0:
+        out += [("vit", {"pipeline": 2, "schedule": "1f1b", "tensor": 2, "data": size // 4, "zero": 1})]
+    if size % 3 == 0:
+        out += [("unet", {"pipeline": 3, "schedule": "gpipe"}), ("vit", {"pipeline": 3, "schedule": "zero_bubble"})]
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+def test_pipeline_stages_give_the_loss_curve_of_one_model(snapshots) -> None:  # type: ignore[no-untyped-def]
+    """train.pipeline cuts the U-Net and the ViT (chains whose activations carry the input and the skips) into
+    stages built on meta: the loss curve of all-spatial training to 1e-10, every schedule, with data groups, ZeRO
+    per stage, a tensor axis, activation checkpointing; a pipeline's checkpoint resumes without a pipeline."""
+    cfg, root = snapshots
+    base = {**cfg["train"], "spectral_weight": 0.0, "batch_size": 2, "microbatches": 2}
+    vit = {"model": "vit", "patch": 2, "embed": 8, "heads": 2}
+    size = WORLD.Get_size()
+    runs = _pipelines(size)
+    refs: dict[str, list[float]] = {}
+    curves = []
+    for k, (model, keys) in enumerate(runs):
+        run = {**cfg, "surrogate": {**cfg["surrogate"], "model": model, **(vit if model == "vit" else {})}}
+        run["train"] = base
+        if model not in refs:
+            refs[model] = _run(run, root, f"pipe-ref-{model}")
+        curves.append((model, keys, _run(run, root, f"pipe-{k}", **keys)))
+    with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
+        for model, keys, curve in curves:
+            assert_allclose(grid, np.array(curve), np.array(refs[model]), rtol=1e-10, what=f"{model} {keys}")
+    if size % 2 == 0:  # resumed without the pipeline, on all-spatial ranks
+        unet = {**cfg, "surrogate": {**cfg["surrogate"], "model": "unet"}}
+        first = _run({**unet, "train": {**base, "epochs": 1}}, root, "pipe-resume", pipeline=2, schedule="1f1b")
+        with hpctp.ProcessGrid((0, 0), comm=WORLD) as g:
+            rest = train({**unet, "train": base}, str(root / "sim.h5"), str(root / "pipe-resume"), g,
+                         get_logger("test", g), resume=True)  # fmt: skip
+        with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
+            assert_allclose(grid, np.array(first + rest), np.array(refs["unet"]), rtol=1e-10, what="resumed curve")

@@ -30,7 +30,7 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(0.3 * torch.randn(p.shape, dtype=p.dtype, generator=gen))
-        model.get_buffer("delta_scale").fill_(0.7)
+        model.delta_scale.fill_(0.7)
 
 
 def _compare_forward_backward(

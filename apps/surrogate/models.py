@@ -14,6 +14,7 @@ weights: the single-process reference that the distributed model must reproduce.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from hpctp.nn.spectral import spectral_weight
 from .blocks import ResidualScale, cat_channels, pointwise, with_local, zero_
 from .vit import ViT
 
-__all__ = ["FNO", "MODELS", "ResidualCNN", "UNet", "ViT", "ZeroConv2d", "build_model"]
+__all__ = ["FNO", "MODELS", "ResidualCNN", "ResidualHead", "UNet", "ViT", "ZeroConv2d", "build_model"]
 
 MODELS = ("fno", "cnn", "unet", "vit")
 """The ``surrogate.model`` names :func:`build_model` knows."""
@@ -82,57 +83,94 @@ class ResidualCNN(ResidualScale):
         return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
 
 
-class UNet(ResidualScale):
+class ResidualHead(ResidualScale):
+    """Collective over grid. The last layer of a surrogate built as a chain: ``(x, h) -> x + s * conv(h)``, the
+    input ``x`` carried along the chain beside the features ``h``, ``s`` its ``delta_scale`` buffer."""
+
+    def __init__(self, conv: torch.nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.conv = conv
+        self._scale_buffer(dtype)
+
+    def forward(self, t: tuple[Any, Any]) -> Any:
+        """Collective over grid. The predicted state (``x``'s layout)."""
+        x, h = t
+        return x + pointwise(lambda v: v * self.delta_scale, self.conv(h))
+
+
+def _pair(convs: Any, h: Any) -> Any:
+    for conv in convs:
+        h = pointwise(torch.nn.functional.gelu, conv(h))
+    return h
+
+
+class _Down(torch.nn.Module):
+    """Collective over grid. A level on the way down: ``x -> (x, h0)`` on the first level, then
+    ``(x, *skips) -> (x, *skips, convs(pool(skips[-1])))``: the features of every level stay for the way up."""
+
+    def __init__(self, convs: list[torch.nn.Module], pool: torch.nn.Module | None):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(convs)
+        self.pool = pool
+
+    def forward(self, t: Any) -> tuple[Any, ...]:
+        if self.pool is None:
+            return (t, _pair(self.convs, t))
+        return (*t, _pair(self.convs, self.pool(t[-1])))
+
+
+class _Up(torch.nn.Module):
+    """Collective over grid. A level on the way up: ``(x, *skips, skip, h) -> (x, *skips, convs([up(h), skip]))``."""
+
+    def __init__(self, convs: list[torch.nn.Module], up: torch.nn.Module):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(convs)
+        self.up = up
+
+    def forward(self, t: tuple[Any, ...]) -> tuple[Any, ...]:
+        *rest, skip, h = t
+        return (*rest, _pair(self.convs, cat_channels(self.up(h), skip)))
+
+
+class UNet(torch.nn.Sequential):
     """Collective over grid. A U-Net: per level two 3x3 convs, 2x2 max-pool down, nearest upsample
-    and skip concatenation up, a 1x1 head; ``levels`` poolings."""
+    and skip concatenation up, a 1x1 head; ``levels`` poolings.
+
+    A chain of layers (``down0`` .. ``down{levels}``, ``up0`` .. ``up{levels - 1}``, ``head``) whose
+    activations are tuples: the input, carried to the residual output, and the features of each level
+    on the way down, so :class:`hpctp.nn.PipelineParallel` cuts it anywhere (``train.pipeline``)."""
 
     def __init__(
         self, channels: int, width: int, levels: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
     ):
-        super().__init__()
         s = iter(range(seed, seed + 1000))
         widths = [width * 2**i for i in range(levels + 1)]
-        self.down = torch.nn.ModuleList()
+        layers: dict[str, torch.nn.Module] = {}
         cin = channels
-        for w in widths:
-            self.down.append(
-                torch.nn.ModuleList([_conv(cin, w, 3, grid, next(s), dtype), _conv(w, w, 3, grid, next(s), dtype)])
-            )
+        for i, w in enumerate(widths):
+            convs = [_conv(cin, w, 3, grid, next(s), dtype), _conv(w, w, 3, grid, next(s), dtype)]
+            layers[f"down{i}"] = _Down(convs, _pool(grid) if i else None)
             cin = w
-        if grid is None:
-            self.pool: torch.nn.Module = torch.nn.MaxPool2d(2)
-            self.up: torch.nn.Module = torch.nn.Upsample(scale_factor=2, mode="nearest")
-        else:
-            self.pool = MaxPool2d(2, grid=grid, split=(0, 1))
-            self.up = Upsample(scale_factor=2, mode="nearest", grid=grid, split=(0, 1), balanced=True)
-        self.merge = torch.nn.ModuleList()
-        for w_hi, w_lo in zip(widths[-2::-1], widths[:0:-1]):
-            self.merge.append(
-                torch.nn.ModuleList(
-                    [_conv(w_lo + w_hi, w_hi, 3, grid, next(s), dtype), _conv(w_hi, w_hi, 3, grid, next(s), dtype)]
-                )
-            )
-        self.head = _head(width, channels, grid, next(s), dtype)
-        self._scale_buffer(dtype)
+        for j, (w_hi, w_lo) in enumerate(zip(widths[-2::-1], widths[:0:-1])):
+            convs = [_conv(w_lo + w_hi, w_hi, 3, grid, next(s), dtype), _conv(w_hi, w_hi, 3, grid, next(s), dtype)]
+            layers[f"up{j}"] = _Up(convs, _upsample(grid))
+        layers["head"] = ResidualHead(_head(width, channels, grid, next(s), dtype), dtype)
+        super().__init__(OrderedDict(layers))
 
-    @staticmethod
-    def _pair(convs: Any, h: Any) -> Any:
-        for conv in convs:
-            h = pointwise(torch.nn.functional.gelu, conv(h))
-        return h
+    @property
+    def delta_scale(self) -> torch.Tensor:
+        """Local. The output scale (the head's buffer)."""
+        return self.get_buffer("head.delta_scale")
 
-    def forward(self, x: Any) -> Any:
-        """Collective over grid. The predicted state (same layout as ``x``)."""
-        skips = []
-        h = x
-        for i, convs in enumerate(self.down):
-            if i:
-                h = self.pool(h)
-            h = self._pair(convs, h)
-            skips.append(h)
-        for convs, skip in zip(self.merge, skips[-2::-1]):
-            h = self._pair(convs, cat_channels(self.up(h), skip))
-        return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
+
+def _pool(grid: hpctp.ProcessGrid | None) -> torch.nn.Module:
+    return torch.nn.MaxPool2d(2) if grid is None else MaxPool2d(2, grid=grid, split=(0, 1))
+
+
+def _upsample(grid: hpctp.ProcessGrid | None) -> torch.nn.Module:
+    if grid is None:
+        return torch.nn.Upsample(scale_factor=2, mode="nearest")
+    return Upsample(scale_factor=2, mode="nearest", grid=grid, split=(0, 1), balanced=True)
 
 
 class _FFTSpectralConv2d(torch.nn.Module):

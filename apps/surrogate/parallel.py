@@ -6,12 +6,19 @@ Config keys (``[train]``, all optional):
 * ``data`` (int, default 1): data-parallel groups; each holds a share of every global batch.
 * ``tensor`` (int, default 1): ranks splitting the ViT's heads and MLP (``model = "vit"`` only).
 * ``zero`` (0..3, default 0): what :class:`hpctp.nn.ShardedDataParallel` shards over the data axis
-  (0 nothing, 1 optimizer state, 2 + gradients, 3 + parameters).
+  (0 nothing, 1 optimizer state, 2 + gradients, 3 + parameters); with a pipeline, per stage.
+* ``pipeline`` (int, default 1): pipeline stages (``model = "unet"`` or ``"vit"``: chains of layers), each on
+  its own ranks (:class:`hpctp.nn.PipelineParallel`); the model is built on the meta device and each rank
+  materializes only its stages.
+* ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubble"``; default ``"1f1b"``),
+  ``microbatches`` (default ``2 x pipeline``) and ``virtual`` (stages per rank, default 2 for
+  ``"interleaved"``, else 1): the pipeline's schedule.
 * ``precision`` (``"fp32"`` or ``"bf16"``): bf16 runs the forward under ``torch.autocast`` (float32
   parameters and optimizer state; ``surrogate.dtype`` must then be float32).
 * ``checkpoint_activations`` (bool): recompute each layer's activations in backward.
 
-The grid is ``[data, *simulation.grid]`` plus ``[tensor]`` when ``tensor > 1``; the spatial part is
+The grid is ``[data, *simulation.grid]``, with ``[pipeline]`` after ``data`` when ``pipeline > 1`` and
+``[tensor]`` last when ``tensor > 1``; the spatial part is
 filled in by MPI where ``simulation.grid`` has zeros, so the same config runs on any rank count.
 """
 
@@ -28,10 +35,13 @@ import torch
 
 import hpctp
 from hpctp.nn import ParallelPlan, checkpoint_forward
+from hpctp.nn.pipeline_parallel import SCHEDULES
 
-__all__ = ["TrainingSetup", "training_setup", "autocast", "checkpoint_layers", "memory_line", "PRECISIONS"]
+__all__ = ["TrainingSetup", "training_setup", "autocast", "checkpoint_layers", "memory_line", "PRECISIONS", "CHAINS"]
 
 PRECISIONS = ("fp32", "bf16")
+CHAINS = ("unet", "vit")
+"""The surrogates built as chains of layers (``torch.nn.Sequential``), which a pipeline cuts into stages."""
 
 
 class TrainingSetup:
@@ -44,7 +54,12 @@ class TrainingSetup:
         self.zero = t.get("zero", 0)
         self.precision = t.get("precision", "fp32")
         self.checkpoint_activations = t.get("checkpoint_activations", False)
-        for name, value in (("data", self.data), ("tensor", self.tensor)):
+        self.pipeline = t.get("pipeline", 1)
+        self.schedule = t.get("schedule", "1f1b")
+        self.microbatches = t.get("microbatches", 2 * self.pipeline if isinstance(self.pipeline, int) else 1)
+        self.virtual = t.get("virtual", 2 if self.schedule == "interleaved" else 1)
+        for name, value in (("data", self.data), ("tensor", self.tensor), ("pipeline", self.pipeline),
+                            ("microbatches", self.microbatches), ("virtual", self.virtual)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"train.{name} must be a positive int, got {value!r}")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
@@ -65,6 +80,20 @@ class TrainingSetup:
             )
         if self.tensor > 1 and float(t.get("spectral_weight", 0.0)):
             raise ValueError("train.spectral_weight needs train.tensor = 1 (its FFT runs on the spatial axes)")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.pipeline > 1 and s["model"] not in CHAINS:
+            raise ValueError(
+                f"train.pipeline = {self.pipeline} cuts a chain of layers into stages; the {s['model']!r} model is not "
+                f"one: use surrogate.model in {CHAINS}, or train.pipeline = 1"
+            )
+        if self.pipeline > 1 and float(t.get("spectral_weight", 0.0)):
+            raise ValueError("train.spectral_weight needs train.pipeline = 1 (its loss term is not a per-sample mean)")
+
+    @property
+    def pipelined(self) -> bool:
+        """Local. Whether the model is cut into pipeline stages."""
+        return bool(self.pipeline > 1)
 
 
 def training_setup(cfg: dict[str, Any], grid: hpctp.ProcessGrid) -> tuple[TrainingSetup, ParallelPlan]:
@@ -77,16 +106,20 @@ def training_setup(cfg: dict[str, Any], grid: hpctp.ProcessGrid) -> tuple[Traini
     """
     setup = TrainingSetup(cfg)
     spatial = list(cfg["simulation"]["grid"])
-    parts = setup.data * setup.tensor
+    parts = setup.data * setup.tensor * setup.pipeline
     if grid.size % parts:
         raise ValueError(
-            f"train.data x train.tensor = {setup.data} x {setup.tensor} must divide the {grid.size} ranks; "
-            "choose them so, or run on a multiple of their product"
+            f"train.data x train.pipeline x train.tensor = {setup.data} x {setup.pipeline} x {setup.tensor} must "
+            f"divide the {grid.size} ranks; choose them so, or run on a multiple of their product"
         )
-    dims = [setup.data, *spatial] + ([setup.tensor] if setup.tensor > 1 else [])
+    pipe = [setup.pipeline] if setup.pipelined else []
+    dims = [setup.data, *pipe, *spatial] + ([setup.tensor] if setup.tensor > 1 else [])
     train_grid = hpctp.ProcessGrid(dims, comm=grid.comm)
     tensor = (train_grid.ndim - 1,) if setup.tensor > 1 else ()
-    return setup, ParallelPlan(train_grid, data=(0,), spatial=(1, 2), tensor=tensor)
+    first = 1 + len(pipe)
+    return setup, ParallelPlan(
+        train_grid, data=(0,), pipeline=(1,) if pipe else (), spatial=(first, first + 1), tensor=tensor
+    )
 
 
 def autocast(setup: TrainingSetup, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -97,8 +130,12 @@ def autocast(setup: TrainingSetup, device: torch.device) -> contextlib.AbstractC
 
 
 def _layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """The modules whose activations are recomputed: every member of the model's ModuleLists that
-    is not itself a ModuleList (the conv layers, Fourier layers, transformer blocks)."""
+    """The modules whose activations are recomputed: the layers of a chain (a ``torch.nn.Sequential``: the
+    U-Net's levels, the ViT's embedding, blocks and head), else every member of the model's ModuleLists that
+    is not itself a ModuleList (the conv layers, Fourier layers)."""
+    if isinstance(model, torch.nn.Sequential):
+        yield from model.children()
+        return
     for m in model.modules():
         if isinstance(m, torch.nn.ModuleList):
             yield from (c for c in m if not isinstance(c, torch.nn.ModuleList))

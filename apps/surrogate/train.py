@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -21,7 +21,14 @@ from tqdm import tqdm
 
 import hpctp
 from hpctp.io import FieldLoader, load_checkpoint, save_checkpoint
-from hpctp.nn import ParallelPlan, ShardedDataParallel, check_replicas, global_mse_loss, sync_gradients
+from hpctp.nn import (
+    ParallelPlan,
+    PipelineParallel,
+    ShardedDataParallel,
+    check_replicas,
+    global_mse_loss,
+    sync_gradients,
+)
 
 from .blocks import pointwise
 from .data import open_pairs
@@ -29,7 +36,7 @@ from .models import build_model
 from .parallel import TrainingSetup, autocast, checkpoint_layers, memory_line, training_setup
 from .spectrum import high_band_loss
 
-__all__ = ["train", "train_step", "make_optimizer", "fit_delta_scale"]
+__all__ = ["train", "train_step", "pipeline_step", "make_optimizer", "fit_delta_scale"]
 
 
 def make_optimizer(model: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
@@ -43,7 +50,7 @@ def _mib(params: Any, whole: bool = False) -> float:
 
 
 def fit_delta_scale(model: torch.nn.Module, pairs: Any, grid: hpctp.ProcessGrid) -> float:
-    """Collective over grid. Set ``model.delta_scale`` to the RMS of ``target - input`` over all pairs.
+    """Collective over grid. Set the model's ``delta_scale`` to the RMS of ``target - input`` over all pairs.
 
     Each rank sums its blocks; one all-reduce gives the global value (the same on any grid).
     """
@@ -55,7 +62,9 @@ def fit_delta_scale(model: torch.nn.Module, pairs: Any, grid: hpctp.ProcessGrid)
     hpctp.comm.allreduce(grid.comm, sums, "sum")
     scale = float(np.sqrt(sums[0] / max(sums[1], 1.0))) or 1.0
     with torch.no_grad():
-        model.get_buffer("delta_scale").fill_(scale)
+        for name, buf in model.named_buffers():  # (the model's, or its head's; absent on a pipeline's other stages)
+            if name.split(".")[-1] == "delta_scale":
+                buf.fill_(scale)
     return scale
 
 
@@ -114,6 +123,43 @@ def train_step(
     return shown
 
 
+def pipeline_step(
+    pipe: PipelineParallel, opt: torch.optim.Optimizer, x: hpctp.DistTensor, y: hpctp.DistTensor,
+    setup: TrainingSetup | None = None,
+) -> float:  # fmt: skip
+    """Collective over ``pipe.plan.grid``. One optimizer step on the global batch through the pipeline's stages
+    (``x``, ``y``: this data group's share, on every stage's ranks); returns the global MSE."""
+    plan = pipe.plan
+    dtype = next(pipe.parameters()).dtype
+
+    def loss_fn(pred: hpctp.DistTensor, target: hpctp.DistTensor) -> torch.Tensor:
+        return global_mse_loss(pred.local, target.local.to(dtype), plan.grid, plan.loss_axes)
+
+    pipe.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=True)
+    with autocast(setup, x.local.device) if setup is not None else contextlib.nullcontext():
+        return pipe.step(_as(x, dtype), y, loss_fn, optimizer=opt)
+
+
+def _stages_line(pipe: PipelineParallel, busy: float, steps: int, measured: hpctp.PeakMemory) -> str:
+    """Collective over grid. Each stage's layers, share of the compute time and measured peak memory (the
+    slowest / largest rank of each pipeline coordinate)."""
+    plan = pipe.plan
+    table = hpctp.comm.allgather_ints(
+        plan.grid.comm, [plan.pipeline_rank, int(1e6 * busy / max(steps, 1)), int(measured.peak)]
+    )
+    p = plan.pipeline_size
+    per = [(table[table[:, 0] == r, 1].max() / 1e6, table[table[:, 0] == r, 2].max() / 2**20) for r in range(p)]
+    total = sum(t for t, _ in per) or 1.0
+    cuts = pipe.cuts
+    rows = []
+    for r, (t, mib) in enumerate(per):
+        stages = pipe.schedule.stages_of(r)
+        layers = ", ".join(",".join(pipe.layer_names[cuts[s] : cuts[s + 1]]) for s in stages)
+        rows.append(f"rank {r} [{layers}]: {t:.3g} s/step ({t / total:.0%}), {mib:.0f} MiB")
+    return "pipeline stages (compute per step, share, peak memory added): " + "; ".join(rows)
+
+
 def train(
     cfg: dict[str, Any], data: str, out: str, grid: hpctp.ProcessGrid, log: Any, resume: bool = False
 ) -> list[float]:
@@ -137,22 +183,43 @@ def train(
     channels = pairs.layout.global_shape[0]
     measured = hpctp.PeakMemory()
     measured.__enter__()  # (ended after the last step: construction, training and checkpoints)
-    meta = setup.zero == 3  # the whole model never exists on a rank: built on meta, materialized a slice at a time
+    # the whole model never exists on a rank: built on meta, materialized a slice (stage 3) or a stage at a time
+    meta = setup.zero == 3 or setup.pipelined
+    seed = int(cfg["surrogate"]["seed"])
     with torch.device("meta") if meta else contextlib.nullcontext():
         model = build_model(
             cfg["surrogate"], channels, plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None
         )
+    whole = _mib(model.parameters(), whole=True)
     if setup.checkpoint_activations:
         log.info("activation checkpointing: %d layers recompute in backward", checkpoint_layers(model))
-    wrapped = ShardedDataParallel(model, plan, stage=setup.zero, seed=int(cfg["surrogate"]["seed"]))
-    if meta:
-        log.info(
-            "model built on the meta device: each rank materialized only its slices, %d units one at a time (%.3g of "
-            "%.3g MiB of parameters here)", len(wrapped.unit_names), _mib(wrapped.parameters()), _mib(model.parameters(), whole=True),
+    wrapped: ShardedDataParallel | PipelineParallel
+    if setup.pipelined:
+        wrapped = PipelineParallel(
+            cast(torch.nn.Sequential, model), plan, schedule=setup.schedule, microbatches=setup.microbatches, virtual=setup.virtual,
+            zero=setup.zero or None, seed=seed,
         )  # fmt: skip
-    if not resume or not ckpt.exists():  # (buffers stay whole on every rank at any stage)
+        sched = wrapped.schedule
         log.info(
-            "RMS change between paired snapshots: %.4g (output scale)", fit_delta_scale(model, pairs, plan.model_grid)
+            "pipeline: %d stages on %d ranks (%s, %d micro-batches, bubble %.2f by the schedule's formula), cut at %s "
+            "by parameter count: %s", sched.n_stages, sched.p, sched.name, sched.m, sched.simulate().bubble_fraction,
+            list(wrapped.cuts), "; ".join(f"stage {s}: {a}:{b} ({share:.0%})" for s, a, b, share, *_ in wrapped.balance),
+        )  # fmt: skip
+        log.info(
+            "model built on the meta device: each rank materialized only its stages (%.3g of %.3g MiB of parameters "
+            "here)", _mib(wrapped.parameters()), whole,
+        )  # fmt: skip
+    else:
+        sdp = wrapped = ShardedDataParallel(model, plan, stage=setup.zero, seed=seed)
+        if meta:
+            log.info(
+                "model built on the meta device: each rank materialized only its slices, %d units one at a time "
+                "(%.3g of %.3g MiB of parameters here)", len(sdp.unit_names), _mib(sdp.parameters()), whole,
+            )  # fmt: skip
+    if not resume or not ckpt.exists():  # (buffers stay whole on every rank at any stage; the head's on its stage)
+        scaled = wrapped if setup.pipelined else model
+        log.info(
+            "RMS change between paired snapshots: %.4g (output scale)", fit_delta_scale(scaled, pairs, plan.model_grid)
         )
     opt = make_optimizer(wrapped, cfg)
     loader = FieldLoader(pairs, int(tcfg["batch_size"]), shuffle=True, seed=int(cfg["surrogate"]["seed"]), plan=plan)
@@ -165,6 +232,7 @@ def train(
     epochs = int(tcfg["epochs"])
     show = grid.rank == 0 and sys.stderr.isatty()
     weight = float(tcfg.get("spectral_weight", 0.0))
+    busy, idle, timed = 0.0, 0.0, 0  # the pipeline's compute and measured bubble, summed over steps
     t0 = time.perf_counter()
     for epoch in range(step // per_epoch, epochs):
         loader.set_epoch(epoch)
@@ -175,8 +243,14 @@ def train(
         for i, (x, y) in enumerate(batches):
             if i < skip:
                 continue
-            share = x.global_shape[0] / sizes[i]
-            losses.append(train_step(wrapped, opt, x, y, plan, weight, share=share, setup=setup))
+            if isinstance(wrapped, PipelineParallel):
+                losses.append(pipeline_step(wrapped, opt, x, y, setup))
+                idle += wrapped.idle_fraction()
+                busy += sum(e - s for _, s, e in wrapped.timeline[1:])
+                timed += 1
+            else:
+                share = x.global_shape[0] / sizes[i]
+                losses.append(train_step(wrapped, opt, x, y, plan, weight, share=share, setup=setup))
             step += 1
         history += losses
         log.info(
@@ -190,12 +264,21 @@ def train(
         if (epoch + 1) % int(tcfg["checkpoint_every"]) == 0 or epoch + 1 == epochs:
             save_checkpoint(ckpt, wrapped, opt, step, plan.grid)
             log.info("checkpoint %s (step %d)", ckpt, step)
-            if setup.zero < 3:  # every rank of a data group's blocks must still hold the same model
+            if setup.zero < 3 and not setup.pipelined:  # every rank of a data group's blocks: the same model
                 drift = check_replicas(model, plan.model_grid)
                 if drift:
                     log.warning("replicated parameters differ between ranks (name: ranks): %s", drift)
+        if isinstance(wrapped, PipelineParallel) and timed:
+            bubble = np.array([idle / timed])
+            hpctp.comm.allreduce(plan.grid.comm, bubble, "sum")
+            log.info(
+                "pipeline bubble %.3f measured (idle share of a step, mean over %d steps and %d ranks)",
+                bubble[0] / plan.grid.size, timed, plan.grid.size,
+            )  # fmt: skip
     measured.__exit__(None, None, None)
     log.info(memory_line(plan.grid, measured))
+    if isinstance(wrapped, PipelineParallel):
+        log.info(_stages_line(wrapped, busy, timed, measured))
     if grid.rank == 0:
         with open(run / "history.csv", "a") as f:
             for v in history:

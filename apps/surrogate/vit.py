@@ -36,8 +36,9 @@ the MLP (forward; their adjoints in backward). The token field is replicated alo
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -342,10 +343,12 @@ class _Block(torch.nn.Module):
         self.norm2 = torch.nn.LayerNorm(embed, dtype=dtype)
         self.mlp = _MLP(embed, hidden_units(embed, mlp_ratio), grid, tensor_axis, dtype, seed + 1)
 
-    def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
-        """Collective over grid when ``layout`` is given. The block's output, ``t``'s shape."""
+    def forward(self, xt: tuple[Any, Any]) -> tuple[Any, Any]:
+        """Collective over grid for a DistTensor token field. ``(x, tokens) -> (x, block(tokens))``."""
+        x, tokens = xt
+        t, layout = _channels_last(tokens)
         t = t + self.attn(self.norm1(t), layout)
-        return t + self.mlp(self.norm2(t))
+        return x, _channels_first(t + self.mlp(self.norm2(t)), tokens)
 
 
 def hidden_units(embed: int, mlp_ratio: float) -> int:
@@ -376,8 +379,13 @@ class _TorchUnpatch(torch.nn.Module):
         return F.pixel_shuffle(y, self.patch)
 
 
-class ViT(ResidualScale):
+class ViT(torch.nn.Sequential):
     """Collective over grid. A vision transformer over the patches of the field (see :mod:`apps.surrogate.vit`).
+
+    A chain of layers (``embed``, ``block0`` .. ``block{depth - 1}``, ``norm``, ``head``) whose activations
+    are ``(x, tokens)``: the input carried to the residual output beside the token field ``[N, E, rows,
+    cols]`` (a DistTensor split as the patch-aligned field), so :class:`hpctp.nn.PipelineParallel` cuts it
+    between any two (``train.pipeline``).
 
     Parameters
     ----------
@@ -452,43 +460,61 @@ class ViT(ResidualScale):
                     f"the tensor axis has {parts} ranks but the ViT {heads} heads and "
                     f"{hidden_units(embed, mlp_ratio)} hidden units; give each rank at least one of both"
                 )
-        super().__init__()
-        self.grid, self.patch, self.embed_dim = grid, patch, embed
-        self.kind, self.kernel_size = attention, kernel_size
         if grid is None:
-            self.embed: torch.nn.Module = _seeded(
+            proj: torch.nn.Module = _seeded(
                 seed, lambda: torch.nn.Conv2d(channels, embed, patch, stride=patch, dtype=dtype)
             )
         else:
-            self.embed = PatchEmbed2d(channels, embed, patch, grid, split=(0, 1), seed=seed, dtype=dtype)
-        self.blocks = torch.nn.ModuleList(
-            [
-                _Block(
-                    embed,
-                    heads,
-                    mlp_ratio,
-                    attention,
-                    kernel_size,
-                    schedule,
-                    grid,
-                    seed + 1 + 2 * i,
-                    dtype,
-                    tensor_axis,
-                )
-                for i in range(depth)
-            ]
-        )
-        self.norm = torch.nn.LayerNorm(embed, dtype=dtype)
+            proj = PatchEmbed2d(channels, embed, patch, grid, split=(0, 1), seed=seed, dtype=dtype)
+        layers: dict[str, torch.nn.Module] = {"embed": _Embed(proj, grid, patch, embed, attention, kernel_size)}
+        for i in range(depth):
+            layers[f"block{i}"] = _Block(
+                embed, heads, mlp_ratio, attention, kernel_size, schedule, grid, seed + 1 + 2 * i, dtype, tensor_axis
+            )
+        layers["norm"] = _TokenNorm(embed, dtype=dtype)
         last = seed + 1 + 2 * depth
         if grid is None:
-            self.head: torch.nn.Module = _seeded(last, lambda: _TorchUnpatch(embed, channels, patch, dtype))
+            unpatch: torch.nn.Module = _seeded(last, lambda: _TorchUnpatch(embed, channels, patch, dtype))
         else:
-            self.head = _ZeroUnpatch2d(embed, channels, patch, grid, split=(0, 1), seed=last, dtype=dtype)
-        zero_(self.head)
-        self._scale_buffer(dtype)
+            unpatch = _ZeroUnpatch2d(embed, channels, patch, grid, split=(0, 1), seed=last, dtype=dtype)
+        zero_(unpatch)
+        layers["head"] = _Head(unpatch, grid, patch, dtype)
+        super().__init__(OrderedDict(layers))
+        self.grid = grid  # (global_state_dict finds the grid of the sharded weights here)
 
-    def _check(self, shape: tuple[int, ...]) -> tuple[int, int]:
-        """Local (global shapes: the same verdict on every rank). The token grid of a field of ``shape``."""
+    @property
+    def delta_scale(self) -> torch.Tensor:
+        """Local. The output scale (the head's buffer)."""
+        return self.get_buffer("head.delta_scale")
+
+
+def _channels_last(tokens: Any) -> tuple[torch.Tensor, hpctp.Layout | None]:
+    """Local. A token field's block, channels last, and its layout (None in one process)."""
+    if isinstance(tokens, hpctp.DistTensor):
+        return tokens.local.movedim(1, -1), tokens.layout
+    return tokens.movedim(1, -1), None
+
+
+def _channels_first(t: torch.Tensor, like: Any) -> Any:
+    """Local. A channels-last block back as a token field like ``like``."""
+    out = t.movedim(-1, 1)
+    return like.with_local(out) if isinstance(like, hpctp.DistTensor) else out
+
+
+class _Embed(torch.nn.Module):
+    """Collective over grid. ``x -> (x, tokens)``: the field moved onto patch-aligned cuts where a cut is not on a
+    patch boundary, patches embedded, the positional embedding added."""
+
+    def __init__(
+        self, proj: torch.nn.Module, grid: hpctp.ProcessGrid | None, patch: int, embed: int, kind: str,
+        kernel_size: int,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.proj = proj
+        self.grid, self.patch, self.embed_dim, self.kind, self.kernel_size = grid, patch, embed, kind, kernel_size
+
+    def _check(self, shape: tuple[int, ...]) -> None:
+        """Local (global shapes: the same verdict on every rank)."""
         sizes = shape[2:]
         if len(sizes) != 2 or any(s % self.patch for s in sizes):
             raise ValueError(
@@ -501,37 +527,20 @@ class ViT(ResidualScale):
                 f"surrogate.kernel_size={self.kernel_size} exceeds the token grid {rows} x {cols} "
                 f"(field {tuple(sizes)} / patch {self.patch}); use kernel_size <= {min(rows, cols)}"
             )
-        return rows, cols
 
-    def _tokens(self, t: torch.Tensor, blocks: list[torch.nn.Module], layout: hpctp.Layout | None) -> torch.Tensor:
-        """Local or collective as the blocks: embedded tokens ``t [N, E, rows, cols]`` -> the last norm's output."""
-        if layout is None:
-            ranges = ((0, t.shape[2]), (0, t.shape[3]))
-            sizes = (t.shape[2], t.shape[3])
-        else:
-            grid = self.grid
-            if grid is None:
-                raise ValueError("a token layout needs the model's grid")
-            lr = layout.local_ranges(grid.coords)
-            ranges, sizes = (lr[2], lr[3]), (layout.global_shape[2], layout.global_shape[3])
-        h = t.movedim(1, -1) + sincos_position(self.embed_dim, sizes, ranges, t.dtype)
-        for block in blocks:
-            h = block(h, layout)
-        return self.norm(h).movedim(-1, 1)
-
-    def forward(self, x: Any) -> Any:
-        """Collective over grid. The predicted state (same layout as ``x``).
+    def forward(self, x: Any) -> tuple[Any, Any]:
+        """Collective over grid for a DistTensor ``x``.
 
         Raises
         ------
         ValueError
             If the field's sizes are not multiples of the patch, or the window exceeds the token grid.
         """
-        blocks = list(self.blocks)
         if isinstance(x, torch.Tensor):
             self._check(tuple(x.shape))
-            f = self.head(self._tokens(self.embed(x), blocks, None))
-            return x + f * self.delta_scale
+            t = self.proj(x)
+            sizes = (t.shape[2], t.shape[3])
+            return x, t + _position(self.embed_dim, sizes, ((0, sizes[0]), (0, sizes[1])), t.dtype)
         grid = self.grid
         if grid is None:
             raise TypeError("the one-process ViT (grid=None) takes a torch.Tensor, got a DistTensor")
@@ -540,10 +549,44 @@ class ViT(ResidualScale):
         aligned = patch_aligned_layout(lay, self.patch)
         grad = torch.is_grad_enabled() and x.local.requires_grad
         xa = x if aligned == lay else hpctp.DistTensor(move_block(x.local, grid, lay, aligned, grad), grid, aligned)
-        t = self.embed(xa)  # DistTensor token field [N, E, rows, cols]
-        h = self._tokens(t.local, blocks, t.layout)
-        f = self.head(hpctp.DistTensor(h, grid, t.layout))  # DistTensor of the aligned layout
-        out = f.local
+        t = self.proj(xa)  # DistTensor token field [N, E, rows, cols]
+        lr = t.layout.local_ranges(grid.coords)
+        sizes = (t.layout.global_shape[2], t.layout.global_shape[3])
+        return x, t.with_local(t.local + _position(self.embed_dim, sizes, (lr[2], lr[3]), t.local.dtype))
+
+
+def _position(embed: int, sizes: tuple[int, int], ranges: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Local. :func:`sincos_position` channels first (``[E, rows, cols]``)."""
+    return sincos_position(embed, sizes, ranges, dtype).movedim(-1, 0)
+
+
+class _TokenNorm(torch.nn.LayerNorm):
+    """Local. The last LayerNorm, over each token's channels: ``(x, tokens) -> (x, norm(tokens))``."""
+
+    def forward(self, xt: tuple[Any, Any]) -> tuple[Any, Any]:  # type: ignore[override]
+        x, tokens = xt
+        t, _ = _channels_last(tokens)
+        return x, _channels_first(super().forward(t), tokens)
+
+
+class _Head(ResidualScale):
+    """Collective over grid. ``(x, tokens) -> x + s * unpatch(tokens)``, moved back onto ``x``'s cuts where the
+    embedding moved it onto patch-aligned ones; ``s`` the ``delta_scale`` buffer."""
+
+    def __init__(self, unpatch: torch.nn.Module, grid: hpctp.ProcessGrid | None, patch: int, dtype: torch.dtype):
+        super().__init__()
+        self.unpatch = unpatch
+        self.grid, self.patch = grid, patch
+        self._scale_buffer(dtype)
+
+    def forward(self, xt: tuple[Any, Any]) -> Any:
+        x, tokens = xt
+        if isinstance(x, torch.Tensor):
+            return x + self.unpatch(tokens) * self.delta_scale
+        grid = cast(hpctp.ProcessGrid, self.grid)
+        lay = x.layout
+        aligned = patch_aligned_layout(lay, self.patch)
+        out = self.unpatch(tokens).local  # the aligned layout
         if aligned != lay:
             out = move_block(out, grid, aligned, lay, torch.is_grad_enabled() and out.requires_grad)
         return hpctp.DistTensor(x.local + out * self.delta_scale, grid, lay)

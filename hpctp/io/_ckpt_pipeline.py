@@ -50,10 +50,6 @@ def _layers(pipe: PipelineParallel) -> Any:
     return holder
 
 
-def _layer_index(name: str) -> int:
-    return int(name.split(".", 1)[0])
-
-
 def _describe(e: Entry) -> dict[str, Any]:
     out: dict[str, Any] = {"key": e.key, "shape": list(e.global_shape), "dtype": e.dtype}
     if e.layout is not None:
@@ -168,9 +164,9 @@ def save_pipeline(
     for d in stages:
         for item in d["entries"]:
             datasets.setdefault(item["key"], item)
-    every = sorted({n for d in stages for n in d["names"]}, key=lambda n: (_layer_index(n), n))
+    layer = {name: i for i, name in enumerate(pipe.layer_names)}  # (the whole model's parameter order)
     order = {n: i for d in stages for i, n in enumerate(d["names"])}
-    every.sort(key=lambda n: (_layer_index(n), order[n]))
+    every = sorted(order, key=lambda n: (layer[n.split(".", 1)[0]], order[n]))
     groups = json.dumps([{**stages[0]["hyper"], "params": every}], sort_keys=True)
 
     def prepare(f: h5py.File) -> None:

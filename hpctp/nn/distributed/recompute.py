@@ -142,7 +142,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     function : callable
         A module, a module's bound method or any function of tensors; its arguments and results
         may be DistTensors (their torch blocks are what torch's checkpoint saves and what the
-        gradients reach), also nested in tuples, lists or dicts (results).
+        gradients reach), also in tuples (arguments) and nested in tuples, lists or dicts (results).
     *args, **kwargs
         Its arguments. The same tensor passed twice stays one object in the recompute.
 
@@ -178,12 +178,20 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         flat.append(v)
         return i
 
-    where = [take(a) for a in args]
-    named = {k: take(v) for k, v in kwargs.items()}
+    def place(v: Any) -> int | tuple[int, ...]:
+        """A tuple argument (a pipeline stage's activations) by its members, so a DistTensor in it is a block."""
+        return tuple(take(e) for e in v) if type(v) is tuple else take(v)
+
+    where = [place(a) for a in args]
+    named = {k: place(v) for k, v in kwargs.items()}
 
     def run(*values: Any) -> Any:
         vals = [DistTensor(v, *grids[i]) if i in grids else v for i, v in enumerate(values)]
-        out = function(*(vals[i] for i in where), **{k: vals[i] for k, i in named.items()})
+
+        def put(i: int | tuple[int, ...]) -> Any:
+            return tuple(vals[j] for j in i) if isinstance(i, tuple) else vals[i]
+
+        out = function(*(put(i) for i in where), **{k: put(i) for k, i in named.items()})
         anchor = _Anchor.apply(torch.zeros(0, requires_grad=True))  # (also in the recompute: the same saves)
         if not replay.recomputing:
             _recompute_at_outputs(out, anchor)

@@ -99,8 +99,11 @@ class PipelineParallel(torch.nn.Module):
     stages : tuple of int
         The stage indices this rank holds.
     modules_of : dict
-        Stage index -> its module (a ``torch.nn.Sequential`` keeping the layers' original indices as
-        names, so state-dict keys are the whole model's), wrapped when ``zero`` is given.
+        Stage index -> its module (a ``torch.nn.Sequential`` keeping the layers' names in ``layers``, a
+        Sequential's own or the indices, so state-dict keys are the whole model's), wrapped when ``zero``
+        is given.
+    layer_names : tuple of str
+        Every layer's name, in the chain's order.
     timeline : list of (str, float, float)
         The last step's compute actions on this rank: ``(action, start, end)`` (seconds, ``perf_counter``),
         after ``("step", start, end)``.
@@ -132,10 +135,11 @@ class PipelineParallel(torch.nn.Module):
             raise TypeError(f"PipelineParallel: plan must be a hpctp.nn.ParallelPlan, got {type(plan).__name__}")
         error: Exception | None = None
         chain: list[torch.nn.Module] = []
+        names: list[str] = []
         sched: Schedule | None = None
         meta = False
         try:
-            chain = _layers(layers)
+            names, chain = _layers(layers)
             sched = pipeline_schedule(schedule, plan.pipeline_size, microbatches, virtual)
             if zero is not None and (isinstance(zero, bool) or zero not in (0, 1, 2, 3)):
                 raise ValueError(f"PipelineParallel: zero must be 0, 1, 2, 3 or None, got {zero!r}")
@@ -169,6 +173,7 @@ class PipelineParallel(torch.nn.Module):
         )  # fmt: skip
         sched = cast(Schedule, sched)  # (agreed above: no rank failed)
         self.plan, self.schedule, self.zero = plan, sched, zero
+        self.layer_names = tuple(names)
         self.balance: tuple[tuple[int, int, int, float, float, float], ...] = ()
         self.cuts = tuple(cuts) if cuts is not None else self._balance(chain, sample)
         self.stages = tuple(sched.stages_of(plan.pipeline_rank))
@@ -180,7 +185,7 @@ class PipelineParallel(torch.nn.Module):
         self._splittable = {s: not _recomputes(m) for s, m in self.modules_of.items()}  # [Note: split backward]
         self._meta_sent: set[tuple[int, int]] = set()
         self._meta_known: dict[tuple[int, int], Described] = {}
-        self._weights_of: dict[int, list[float]] = {}  # share size -> each micro-batch's share of the global batch
+        self._micro_of: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}  # the groups' shares -> cut
         self.timeline: list[tuple[str, float, float]] = []
 
     # ------------------------------------------------------------------ construction
@@ -231,7 +236,7 @@ class PipelineParallel(torch.nn.Module):
                         dematerialize(layer)
         out: dict[int, torch.nn.Module] = {}
         for s, idx in mine.items():
-            module: torch.nn.Module = torch.nn.Sequential(OrderedDict((str(i), chain[i]) for i in idx))
+            module: torch.nn.Module = torch.nn.Sequential(OrderedDict((self.layer_names[i], chain[i]) for i in idx))
             if self.zero is not None:
                 module = ShardedDataParallel(module, self.plan, stage=self.zero)
             out[s] = module
@@ -293,9 +298,7 @@ class PipelineParallel(torch.nn.Module):
             If the batch has fewer samples than micro-batches (on every rank).
         """
         plan, sched = self.plan, self.schedule
-        share = _length(inputs)
-        sizes = [b - a for a, b in (block_range(share, sched.m, i) for i in range(sched.m))]
-        weights = self._weights(share)
+        sizes, weights = self._microbatches(_length(inputs))
         run = _Step(self, inputs, targets, loss_fn, sizes, weights)
         t0 = time.perf_counter()
         run.execute(sched.actions(plan.pipeline_rank))
@@ -313,26 +316,47 @@ class PipelineParallel(torch.nn.Module):
                     module.refresh_parameters()
         return loss
 
-    def _weights(self, share: int) -> list[float]:
-        """Collective over the data axes (once per share size). Each micro-batch's share of the global batch.
+    def idle_fraction(self) -> float:
+        """Local. This rank's measured bubble in the last step: ``1 - busy / wall``, ``busy`` the compute spans of
+        :attr:`timeline` (forward, backward and weight passes, after their inputs arrived), ``wall`` the step's.
+
+        Raises
+        ------
+        RuntimeError
+            Before the first step.
+        """
+        if not self.timeline:
+            raise RuntimeError("PipelineParallel.idle_fraction: no step has run yet")
+        (_, a, b), spans = self.timeline[0], self.timeline[1:]
+        return 1.0 - sum(e - s for _, s, e in spans) / max(b - a, 1e-12)
+
+    def _microbatches(self, share: int) -> tuple[list[int], list[float]]:
+        """Collective over the data axes (one integer each, every step: any group's share may change alone). This
+        group's samples in each micro-batch, and each micro-batch's share of the global batch.
+
+        The global batch (the groups' shares in data-rank order) is cut into ``m`` near-equal micro-batches and
+        each group takes its samples of each, so no micro-batch is empty everywhere (a mean over no samples)
+        while the batch has at least ``m`` samples.
 
         Raises
         ------
         ValueError
             On every rank, if the global batch has fewer samples than micro-batches.
         """
-        if share not in self._weights_of:
-            m = self.schedule.m
-            shares = [int(v) for v in C.allgather_ints(self.plan.data_comm, [share])[:, 0]]
-            total = sum(shares)
+        shares = tuple(int(v) for v in C.allgather_ints(self.plan.data_comm, [share])[:, 0])
+        if shares not in self._micro_of:
+            m, total = self.schedule.m, sum(shares)
             if total < m:
                 raise ValueError(
                     f"PipelineParallel: a batch of {total} samples cannot fill {m} micro-batches; use fewer "
                     "micro-batches or a larger batch"
                 )
-            micro = [sum(block_range(n, m, i)[1] - block_range(n, m, i)[0] for n in shares) for i in range(m)]
-            self._weights_of[share] = [n / total for n in micro]
-        return self._weights_of[share]
+            lo = sum(shares[: self.plan.data_rank])
+            hi = lo + share
+            cuts = [block_range(total, m, i) for i in range(m)]
+            sizes = [max(0, min(b, hi) - max(a, lo)) for a, b in cuts]
+            self._micro_of[shares] = (sizes, [(b - a) / total for a, b in cuts])
+        return self._micro_of[shares]
 
     def _broadcast_loss(self, value: float) -> float:
         """Collective over grid. The last stage's loss to every rank (over the whole grid, not the pipeline axis)."""
@@ -426,7 +450,7 @@ class _Step:
         out = self.y.get((a.stage, a.microbatch))
         if out is None:
             return False
-        self._post("B", a, [torch.empty_like(b) for b in blocks_of(out)], tags.PIPELINE_GRADIENT, a.stage + 1)
+        self._post("B", a, [_empty(b) for b in blocks_of(out)], tags.PIPELINE_GRADIENT, a.stage + 1)
         return True
 
     def _post(self, kind: str, a: Action, bufs: list[torch.Tensor], tag: int, peer_stage: int) -> None:
@@ -451,7 +475,7 @@ class _Step:
 
     def receive_gradient(self, a: Action) -> None:
         if ("B", a.stage, a.microbatch) not in self.received:
-            bufs = [torch.empty_like(b) for b in blocks_of(self.y[(a.stage, a.microbatch)])]
+            bufs = [_empty(b) for b in blocks_of(self.y[(a.stage, a.microbatch)])]
             self._post("B", a, bufs, tags.PIPELINE_GRADIENT, a.stage + 1)
 
     def send_activation(self, a: Action) -> None:
@@ -553,14 +577,19 @@ class _Step:
 
 
 # ---------------------------------------------------------------------- helpers
-def _layers(layers: object) -> list[torch.nn.Module]:
-    chain = list(layers) if isinstance(layers, (torch.nn.Sequential, list, tuple, torch.nn.ModuleList)) else None
-    if chain is None or not chain or not all(isinstance(m, torch.nn.Module) for m in chain):
+def _layers(layers: object) -> tuple[list[str], list[torch.nn.Module]]:
+    """The chain's names (a Sequential's own, else the indices) and layers."""
+    named: list[tuple[str, Any]] | None = None
+    if isinstance(layers, torch.nn.Sequential):
+        named = list(layers.named_children())
+    elif isinstance(layers, (list, tuple, torch.nn.ModuleList)):
+        named = [(str(i), m) for i, m in enumerate(layers)]
+    if not named or not all(isinstance(m, torch.nn.Module) for _, m in named):
         raise TypeError(
             "PipelineParallel: layers must be a torch.nn.Sequential or a non-empty list of torch.nn.Module (the model "
             f"as a chain of layers), got {type(layers).__name__}"
         )
-    return chain
+    return [n for n, _ in named], [m for _, m in named]
 
 
 def _check_cuts(cuts: Sequence[int], n: int, stages: int) -> list[int]:
@@ -591,6 +620,11 @@ def _device(device: Any, meta: bool) -> Any:
         return torch.device(device)
     gpu = C.current_device() if meta else None
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    """A contiguous receive buffer shaped like ``like`` (whose strides may be a view's)."""
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
 
 
 def _length(x: Any) -> int:
