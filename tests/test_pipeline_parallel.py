@@ -4,7 +4,11 @@ stage, activation checkpointing, models built on meta; the messages it sends; ba
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,7 @@ from hpctp.nn import ParallelMLP, ParallelPlan, PipelineParallel, global_mse_los
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 WORLD = MPI.COMM_WORLD
+ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
 N, M, STEPS = 7, 3, 5  # 7 samples in 3 micro-batches (3, 2, 2 on one data group)
 E, H, C, FH, FW = 4, 5, 2, 7, 5  # features, hidden units (5 over 2), channels, field rows (7 over 3), columns
@@ -363,3 +368,19 @@ def test_batches_of_every_size_down_to_the_microbatch_count() -> None:
             want.append(float(loss.detach()))
         assert_allclose(grid, np.array(got), np.array(want), rtol=1e-10, what="losses")
         plan.free()
+
+
+@pytest.mark.skipif(WORLD.size > 1, reason="launches its own mpiexec job; run from the 1-rank session")
+def test_a_stage_failing_mid_step_ends_the_job(tmp_path: Path) -> None:
+    """The second stage cannot take the first's output: its rank reports the stage, the action and the schedule,
+    and run_main ends the job (the first rank, waiting for a gradient, does not hang)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "HPCTP_"))}
+    env.update(OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1", PYTHONPATH=str(ROOT))
+    script = ROOT / "tests" / "scripts" / "pipeline_fault.py"
+    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode != 0
+    assert "[rank 1/2] error" in proc.stderr, proc.stderr[-3000:]
+    assert "PipelineParallel: pipeline rank 1 failed at step" in proc.stderr
+    assert "1F0" in proc.stderr and "mat1 and mat2 shapes cannot be multiplied" in proc.stderr

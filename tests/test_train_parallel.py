@@ -133,6 +133,13 @@ def test_bf16_training_follows_float32(snapshots) -> None:  # type: ignore[no-un
     bf16 = _run(f32, root, "bf16", data=size, precision="bf16")
     with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
         assert_allclose(grid, np.array(bf16), np.array(ref), rtol=1e-2, what="bf16 loss curve vs float32")
+    if size % 2 == 0:  # through a pipeline's stages (autocast over forward and backward of every micro-batch)
+        unet = {**f32, "surrogate": {**f32["surrogate"], "model": "unet"}}
+        unet["train"] = {**f32["train"], "spectral_weight": 0.0, "batch_size": 2}
+        ref = _run(unet, root, "unet-f32")
+        bf16 = _run(unet, root, "unet-bf16", precision="bf16", pipeline=2, schedule="zero_bubble")
+        with hpctp.ProcessGrid((size,), comm=WORLD) as grid:
+            assert_allclose(grid, np.array(bf16), np.array(ref), rtol=2e-2, what="bf16 pipeline loss curve")
 
 
 def _pipelines(size: int) -> list[tuple[str, dict[str, object]]]:
