@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import hpctp
 from hpctp.nn import ParallelMLP, ParallelPlan, PipelineParallel, global_mse_loss, global_state_dict
+from hpctp.nn.pipeline_parallel._relayout import boundary_moves
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 WORLD = MPI.COMM_WORLD
@@ -384,3 +385,84 @@ def test_a_stage_failing_mid_step_ends_the_job(tmp_path: Path) -> None:
     assert "[rank 1/2] error" in proc.stderr, proc.stderr[-3000:]
     assert "PipelineParallel: pipeline rank 1 failed at step" in proc.stderr
     assert "1F0" in proc.stderr and "mat1 and mat2 shapes cannot be multiplied" in proc.stderr
+
+
+def _relayout_chain(grid: hpctp.ProcessGrid, reshaped: hpctp.ProcessGrid | None) -> list[torch.nn.Module]:
+    """Rows split, then columns (a Redistribute), then rows again, or (``reshaped``) both dims on another shape of the
+    same ranks: 3x3 convolutions with tanh between; the Redistribute layers start stages 1 and 2."""
+    axis = 0
+    out: list[torch.nn.Module] = [
+        hpctp.nn.Conv2d(C, C, 3, padding=1, grid=grid, split=(axis, None), seed=30, dtype=F64), torch.nn.Tanh(),
+        hpctp.nn.Redistribute((None, None, None, axis)),
+        hpctp.nn.Conv2d(C, C, 3, padding=1, grid=grid, split=(None, axis), seed=31, dtype=F64), torch.nn.Tanh(),
+    ]  # fmt: skip
+    if reshaped is None:
+        out += [hpctp.nn.Redistribute((None, None, axis, None)),
+                hpctp.nn.Conv2d(C, C, 3, padding=1, grid=grid, split=(axis, None), seed=32, dtype=F64)]  # fmt: skip
+    else:
+        out += [hpctp.nn.Redistribute((None, None, 0, 1), grid=reshaped),
+                hpctp.nn.Conv2d(C, C, 3, padding=1, grid=reshaped, split=(0, 1), seed=32, dtype=F64)]  # fmt: skip
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("reshaped", [False, True], ids=["splits", "grid-shape"])
+@pytest.mark.parametrize("schedule", ["1f1b", "zero_bubble"])
+def test_layout_changes_between_stages_travel_in_the_pipeline_messages(schedule: str, reshaped: bool) -> None:
+    """A field cut by rows, then by columns, then by rows again (or over both dims of another grid shape), with the
+    stages starting at the Redistribute layers: 5 Adam steps equal one process; after the first step nothing goes
+    to a rank's counterpart on the next stage as a whole: every piece goes straight to the rank that keeps it (one
+    message each way per piece and micro-batch), and no stage redistributes again."""
+    p = 3 if WORLD.size % 3 == 0 else (2 if WORLD.size % 2 == 0 else 1)
+    with hpctp.ProcessGrid((p, WORLD.size // p)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        grid.comm.Set_name("test.pipeline.grid")  # (the model grid's halo messages are counted apart)
+        mgrid = plan.model_grid
+        other = hpctp.ProcessGrid((1, mgrid.size), comm=mgrid.comm) if reshaped else None
+        cuts = {1: (0, 7), 2: (0, 2, 7), 3: (0, 2, 5, 7)}[p]
+        model = PipelineParallel(_relayout_chain(mgrid, other), plan, schedule=schedule, microbatches=M, cuts=cuts)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        losses = []
+        for s in range(STEPS):
+            x, y = _batch("spatial", s)
+            xs = hpctp.distribute(x, mgrid, (None, None, 0, None))
+            out_split = (None, None, 0, 1) if reshaped else (None, None, 0, None)
+            ys = hpctp.distribute(y, other if reshaped else mgrid, out_split)
+            if s == 1:
+                with hpctp.CommCounter() as counter:
+                    losses.append(model.step(xs, ys, _loss(plan, "spatial"), optimizer=opt))
+            else:
+                losses.append(model.step(xs, ys, _loss(plan, "spatial"), optimizer=opt))
+            model.zero_grad()
+        one = hpctp.ProcessGrid((1,), comm=MPI.COMM_SELF)
+        alone = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF) if reshaped else None
+        ref = torch.nn.Sequential(*_relayout_chain(one, alone))
+        ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
+        want = []
+        for s in range(STEPS):
+            x, y = _batch("spatial", s)
+            loss = torch.nn.functional.mse_loss(ref(x), y)
+            loss.backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            want.append(float(loss.detach()))
+        assert_allclose(grid, np.array(losses), np.array(want), rtol=1e-10, what="losses")
+        pipe_stats = counter.per_comm.get(plan.pipeline_comm.Get_name())
+        assert_equal(grid, pipe_stats.messages if pipe_stats is not None else 0, 0, "whole blocks to the counterpart")
+        sizes = [3, 2, 2]
+        pieces = 0
+        r = plan.pipeline_rank
+        for s in range(1, p):  # boundary s-1 -> s: pieces sent forward (rank s-1) and back (rank s)
+            if r not in (s - 1, s):
+                continue
+            for n in sizes:
+                src = hpctp.Layout(
+                    (n, C, FH, FW), mgrid.dims, (None, None, 0, None) if s == 1 else (None, None, None, 0)
+                )
+                dst = model._relayout[s].target(src)
+                fwd, bwd = boundary_moves(src, dst, mgrid.rank)
+                pieces += len(fwd.sends) if r == s - 1 else len(bwd.sends)
+        world = counter.per_comm.get(plan.grid.comm.Get_name())
+        got = world.calls.get("Isend", 0) if world is not None else 0
+        assert_equal(grid, got, pieces, f"pieces sent by pipeline rank {r}")
+        plan.free()

@@ -8,6 +8,7 @@ import random
 from collections import defaultdict
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from hpctp.nn.pipeline_parallel import (
@@ -380,3 +381,40 @@ def test_balanced_cuts_refuses_empty_stages():
         balanced_cuts([1, 2, 3], 2, secondary=[1, 2])
     with pytest.raises(TypeError, match="parts must be an int"):
         balanced_cuts([1, 2, 3], 2.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dims", "split", "dims2", "split2"),
+    [
+        ((7, 5, 4), (2, 3), (0, 1, None), (2, 3), (1, 0, None)),  # rows x columns -> columns x rows
+        ((7, 5, 4), (2, 3), (0, 1, None), (6,), (None, 0, None)),  # onto another shape of the 6 ranks
+        ((9, 4), (3,), (0, None), (3,), (None, 0)),
+        ((6, 6), (2, 2), (0, 1), (4,), (0, None)),
+        ((5, 3), (2, 2), (0, None), (2, 2), (0, None)),  # no change: every piece stays with its counterpart
+    ],
+)
+def test_boundary_moves_pair_every_piece_in_order(shape, dims, split, dims2, split2) -> None:  # type: ignore[no-untyped-def]
+    """A layout change fused into a stage boundary: for every pair of model ranks, the boxes one sends are the boxes
+    the other receives, in the same order (messages of one tag match in order); every element of each new block
+    arrives exactly once, and the gradient's pieces go back the same way."""
+    from hpctp.layout import Layout, grid_coords
+    from hpctp.nn.pipeline_parallel._relayout import boundary_moves
+
+    src, dst = Layout(shape, dims, split), Layout(shape, dims2, split2)
+    moves = {r: boundary_moves(src, dst, r) for r in range(src.nranks)}
+    for k, (a, b) in enumerate(((src, dst), (dst, src))):
+        for r in range(src.nranks):
+            for q in range(src.nranks):
+                sent = [box for peer, _, box in moves[r][k].sends if peer == q]
+                got = [box for peer, _, box in moves[q][k].recvs if peer == r]
+                assert sent == got, (k, r, q)
+            count = np.zeros(b.local_shape(grid_coords(r, b.grid_dims)), dtype=int)
+            for _, where, box in moves[r][k].recvs:
+                count[where] += 1
+                assert count[where].shape == tuple(hi - lo for lo, hi in box)
+            assert (count == 1).all(), (k, r)
+            mine = a.local_ranges(grid_coords(r, a.grid_dims))
+            for _, where, box in moves[r][k].sends:  # (the slices of the sender's block are the box)
+                assert tuple((lo + s.start, lo + s.stop) for (lo, _), s in zip(mine, where)) == box
+    if (dims, split) == (dims2, split2):
+        assert all(peer == r for r in moves for peer, _, _ in moves[r][0].sends)

@@ -40,6 +40,7 @@ from .spatial import (
     GroupNorm,
     MaxPool2d,
     MaxPool3d,
+    Redistribute,
     Upsample,
 )
 from .spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
@@ -121,6 +122,7 @@ __all__ = [
     "TransformerBlock",
     "Unpatch2d",
     "Unpatch3d",
+    "Redistribute",
     "Upsample",
     "allreduce_sum",
     "attention_schedule",

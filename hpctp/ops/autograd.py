@@ -252,7 +252,8 @@ def redistribute(x: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout) -
         This rank's block of ``src``.
     grid : ProcessGrid
     src, dst : Layout
-        Layouts of one global tensor on ``grid``.
+        Layouts of one global tensor: ``src`` on ``grid``, ``dst`` on ``grid`` or on another shape of its ranks
+        (row-major rank order, as :meth:`hpctp.DistTensor.redistribute` to another grid).
 
     Returns
     -------
@@ -266,7 +267,7 @@ def redistribute(x: torch.Tensor, grid: ProcessGrid, src: Layout, dst: Layout) -
         have the shape ``src`` expects on this rank (the latter checked collectively).
     """
     check_grid(grid)
-    if src.global_shape != dst.global_shape or src.grid_dims != grid.dims or dst.grid_dims != grid.dims:
+    if src.global_shape != dst.global_shape or src.grid_dims != grid.dims or dst.nranks != grid.size:
         raise ValueError(f"cannot redistribute from {src} to {dst} on a grid of dims {grid.dims}")
     err = None
     try:

@@ -14,6 +14,7 @@ they were sent (the schedule's lowering writes them so), so a tag per kind is al
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +24,10 @@ import torch
 from ... import comm as C
 from ..._util.dtypes import dtype_code, dtype_from_code
 from ...comm import Pending, tags
-from ...layout import Layout
+from ...layout import Layout, grid_coords
 from ...tensor.core import DistTensor
 
-__all__ = ["Part", "Described", "describe", "blocks_of", "receive_description", "META_INTS"]
+__all__ = ["Part", "Described", "describe", "moved", "blocks_of", "receive_description", "META_INTS"]
 
 META_INTS = 512
 """Length of a description message (int64): for each tensor of the activation its local shape, dtype, and a
@@ -36,11 +37,13 @@ DistTensor's global shape, split and cuts."""
 @dataclass(frozen=True)
 class Part:
     """Local. One tensor of an activation as the receiver rebuilds it: its block's shape and dtype, and its layout if
-    a DistTensor."""
+    a DistTensor; ``source``: the sender's layout when the part changes layout on the way (the next stage starts
+    with :class:`hpctp.nn.Redistribute`: the pieces travel straight to their new ranks, :mod:`._relayout`)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     layout: Layout | None
+    source: Layout | None = None
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,13 @@ class Described:
         """Local. Buffers to receive the blocks into."""
         return [torch.empty(p.shape, dtype=p.dtype, device=device) for p in self.parts]
 
-    def wrap(self, blocks: list[torch.Tensor], grid: Any) -> Any:
-        """Local. The received blocks as the stage's input (DistTensors where the sender's were, a tuple where the
-        sender's was)."""
-        out = [b if p.layout is None else DistTensor(b, grid, p.layout) for p, b in zip(self.parts, blocks)]
+    def wrap(self, blocks: list[torch.Tensor], grid: Any, moved_grid: Any = None) -> Any:
+        """Local. The received blocks as the stage's input (DistTensors where the sender's were, on ``grid``, or on
+        ``moved_grid`` where they changed layout on the way; a tuple where the sender's was)."""
+        out = [
+            b if p.layout is None else DistTensor(b, moved_grid if p.source is not None and moved_grid else grid, p.layout)
+            for p, b in zip(self.parts, blocks)
+        ]  # fmt: skip
         return tuple(out) if self.structured else out[0]
 
 
@@ -96,17 +102,39 @@ def blocks_of(value: Any) -> list[torch.Tensor]:
     return [v.local if isinstance(v, DistTensor) else v for v in parts]
 
 
-def _encode_part(d: Part) -> list[int]:
-    out = [len(d.shape), *d.shape, dtype_code(d.dtype)]
-    if d.layout is None:
-        out.append(0)
-    else:
-        lay = d.layout
-        out += [1, len(lay.global_shape), *lay.global_shape, *[-1 if a is None else a for a in lay.split]]
-        for a, cuts in zip(lay.split, lay.dim_cuts):
-            if a is not None:
-                out += list(cuts)
+def _encode_layout(lay: Layout | None) -> list[int]:
+    if lay is None:
+        return [0]
+    out = [1, len(lay.global_shape), *lay.global_shape, len(lay.grid_dims), *lay.grid_dims]
+    out += [-1 if a is None else a for a in lay.split]
+    for a, cuts in zip(lay.split, lay.dim_cuts):
+        if a is not None:
+            out += list(cuts)
     return out
+
+
+def _decode_layout(v: list[int], i: int) -> tuple[Layout | None, int]:
+    if not v[i]:
+        return None, i + 1
+    g = v[i + 1]
+    gshape = tuple(v[i + 2 : i + 2 + g])
+    i += 2 + g
+    grid_dims = tuple(v[i + 1 : i + 1 + v[i]])
+    i += 1 + len(grid_dims)
+    split = tuple(None if a < 0 else a for a in v[i : i + g])
+    j = i + g
+    cuts: list[tuple[int, ...] | None] = []
+    for a in split:
+        if a is None:
+            cuts.append(None)
+        else:
+            cuts.append(tuple(v[j : j + grid_dims[a] + 1]))
+            j += grid_dims[a] + 1
+    return Layout(gshape, grid_dims, split, tuple(cuts)), j
+
+
+def _encode_part(d: Part) -> list[int]:
+    return [len(d.shape), *d.shape, dtype_code(d.dtype), *_encode_layout(d.layout), *_encode_layout(d.source)]
 
 
 def _encode(d: Described) -> np.ndarray:
@@ -123,34 +151,35 @@ def _encode(d: Described) -> np.ndarray:
     return msg
 
 
-def _decode_part(v: list[int], i: int, grid_dims: tuple[int, ...]) -> tuple[Part, int]:
+def _decode_part(v: list[int], i: int) -> tuple[Part, int]:
     n = v[i]
     shape = tuple(v[i + 1 : i + 1 + n])
     dtype = dtype_from_code(v[i + 1 + n], "torch")
-    i += 2 + n
-    if not v[i]:
-        return Part(shape, dtype, None), i + 1
-    g = v[i + 1]
-    gshape = tuple(v[i + 2 : i + 2 + g])
-    split = tuple(None if a < 0 else a for a in v[i + 2 + g : i + 2 + 2 * g])
-    j = i + 2 + 2 * g
-    cuts: list[tuple[int, ...] | None] = []
-    for a in split:
-        if a is None:
-            cuts.append(None)
-        else:
-            cuts.append(tuple(v[j : j + grid_dims[a] + 1]))
-            j += grid_dims[a] + 1
-    return Part(shape, dtype, Layout(gshape, grid_dims, split, tuple(cuts))), j
+    layout, i = _decode_layout(v, i + 2 + n)
+    source, i = _decode_layout(v, i)
+    return Part(shape, dtype, layout, source), i
 
 
-def _decode(msg: np.ndarray, grid_dims: tuple[int, ...]) -> Described:
+def _decode(msg: np.ndarray) -> Described:
     v = [int(x) for x in msg]
     parts, at = [], 2
     for _ in range(v[1]):
-        part, at = _decode_part(v, at, grid_dims)
+        part, at = _decode_part(v, at)
         parts.append(part)
     return Described(tuple(parts), bool(v[0]))
+
+
+def moved(d: Described, target: Callable[[Layout], Layout], rank: int) -> Described:
+    """Local. ``d`` with each DistTensor part moving to ``target(layout)`` on the way (its block shape that of the
+    model rank ``rank``, the receiver's as the sender's: the same model coordinates)."""
+    parts = []
+    for p in d.parts:
+        if p.layout is None:
+            parts.append(p)
+            continue
+        dst = target(p.layout)
+        parts.append(Part(dst.local_shape(grid_coords(rank, dst.grid_dims)), p.dtype, dst, p.layout))
+    return Described(tuple(parts), d.structured)
 
 
 def send_description(comm: Any, d: Described, dest: int) -> Pending:
@@ -158,8 +187,8 @@ def send_description(comm: Any, d: Described, dest: int) -> Pending:
     return C.isend(comm, _encode(d), dest, tags.PIPELINE_META)
 
 
-def receive_description(comm: Any, source: int, grid_dims: tuple[int, ...]) -> Described:
+def receive_description(comm: Any, source: int) -> Described:
     """Local (point-to-point). Receive the description the previous stage's rank sends first."""
     msg = np.zeros(META_INTS, dtype=np.int64)
     C.irecv(comm, msg, source, tags.PIPELINE_META).wait()
-    return _decode(msg, grid_dims)
+    return _decode(msg)

@@ -33,16 +33,18 @@ import torch
 from ... import comm as C
 from ..._util.ints import is_int
 from ...comm import Pending, tags
-from ...layout import block_range
+from ...layout import Layout, block_range, grid_coords
 from ...tensor.core import DistTensor
 from ..distributed.plan import ParallelPlan
 from ..distributed.recompute import Checkpointed
 from ..distributed.sharded import ShardedDataParallel
 from ..init import seeded
 from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
+from ..spatial.redistribute import Redistribute
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
-from ._messages import Described, blocks_of, describe, receive_description, send_description
+from ._messages import Described, blocks_of, describe, moved, receive_description, send_description
+from ._relayout import boundary_moves
 from ._split_backward import backward_input
 from .schedules import Schedule, pipeline_schedule
 
@@ -66,7 +68,10 @@ class PipelineParallel(torch.nn.Module):
         The model as a chain of layers, each taking the previous one's output (a tensor, a
         :class:`~hpctp.DistTensor` on ``plan.model_grid``, or a tuple of them: skip connections, the input
         carried to a residual output; one message per tensor), built on ``plan.model_grid`` on every rank,
-        identically, or on the ``meta`` device (then no rank ever holds more than its stages).
+        identically, or on the ``meta`` device (then no rank ever holds more than its stages). A stage that
+        starts with a :class:`~hpctp.nn.Redistribute` (another split of the field, or another shape of the
+        model grid's ranks) receives its input in that layout: each piece travels straight from the rank that
+        computed it to the rank that keeps it, one message per piece (and its gradient back the same way).
     plan : ParallelPlan
         With a pipeline axis of ``p`` ranks (a plan without one runs every stage on each rank).
     schedule : {"gpipe", "1f1b", "interleaved", "zero_bubble"}
@@ -177,6 +182,11 @@ class PipelineParallel(torch.nn.Module):
         self.balance: tuple[tuple[int, int, int, float, float, float], ...] = ()
         self.cuts = tuple(cuts) if cuts is not None else self._balance(chain, sample)
         self.stages = tuple(sched.stages_of(plan.pipeline_rank))
+        # stages starting with a Redistribute: the previous stage sends the pieces of its output straight to their
+        # ranks in the new layout (the redistribution fused into the pipeline's messages, ._relayout)
+        self._relayout = {
+            s: chain[self.cuts[s]] for s in range(1, sched.n_stages) if isinstance(chain[self.cuts[s]], Redistribute)
+        }
         target = _device(device, meta)
         kept = self._build(chain, seed, target, meta)
         self.stage_modules = torch.nn.ModuleList(kept[s] for s in self.stages)
@@ -389,9 +399,11 @@ class _Step:
             self.starts.append(self.starts[-1] + n)
         self.comm = pipe.plan.pipeline_comm
         self.grid = pipe.plan.model_grid
+        self.world = pipe.plan.grid.comm  # (pieces of a fused redistribution go to other model coordinates)
         self.x: dict[tuple[int, int], Any] = {}  # the stage's input (a tensor that requires grad, or the data)
         self.y: dict[tuple[int, int], Any] = {}  # its output (or the weighted loss on the last stage)
-        self.received: dict[tuple[str, int, int], tuple[list[Pending], list[torch.Tensor]]] = {}
+        # posted receives: their requests, and how the received buffers become the blocks
+        self.received: dict[tuple[str, int, int], tuple[list[Pending], Callable[[], list[torch.Tensor]]]] = {}
         self.dinput: dict[tuple[int, int], list[torch.Tensor | None]] = {}  # per tensor of the stage's input
         self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
         self.sends: list[tuple[Pending, torch.Tensor]] = []
@@ -445,18 +457,65 @@ class _Step:
             d = self._description(a.stage - 1, a.microbatch)
             if d is None:
                 return False
-            self._post("F", a, d.empty(self._device()), tags.PIPELINE_ACTIVATION, a.stage - 1)
+            self._post("F", a, d, tags.PIPELINE_ACTIVATION, a.stage - 1)
             return True
-        out = self.y.get((a.stage, a.microbatch))
-        if out is None:
+        if (a.stage, a.microbatch) not in self.y:
             return False
-        self._post("B", a, [_empty(b) for b in blocks_of(out)], tags.PIPELINE_GRADIENT, a.stage + 1)
+        self._post("B", a, self._sent(a.stage, a.microbatch), tags.PIPELINE_GRADIENT, a.stage + 1)
         return True
 
-    def _post(self, kind: str, a: Action, bufs: list[torch.Tensor], tag: int, peer_stage: int) -> None:
-        peer = self._peer(peer_stage)
-        pending = [C.irecv(self.comm, buf, peer, tag) for buf in bufs]
-        self.received[(kind, a.stage, a.microbatch)] = (pending, bufs)
+    def _sent(self, stage: int, i: int) -> Described:
+        """What ``stage`` sent forward for micro-batch ``i`` (the layouts its gradient comes back in)."""
+        out = self.y[(stage, i)]
+        _, d = describe(out)
+        fused = self._fused(stage + 1)
+        if fused is not None:
+            d = moved(d, fused.target, self.grid.rank)
+        return d
+
+    def _post(self, kind: str, a: Action, d: Described, tag: int, peer_stage: int) -> None:
+        """Post the receives of one activation (``kind`` F: its blocks, described by the sender; B: the gradients of
+        what this rank sent, in its own layouts), one per tensor, or per piece where the layout changes."""
+        pipe_peer = self._peer(peer_stage)
+        device = self._device()
+        pending: list[Pending] = []
+        blocks: list[torch.Tensor] = []
+        pieces: list[tuple[torch.Tensor, tuple[slice, ...], torch.Tensor]] = []
+        for p in d.parts:
+            shape = p.shape if kind == "F" or p.source is None else p.source.local_shape(
+                grid_coords(self.grid.rank, p.source.grid_dims)
+            )  # fmt: skip
+            block = torch.empty(shape, dtype=p.dtype, device=device)
+            blocks.append(block)
+            if p.source is None:
+                pending.append(C.irecv(self.comm, block, pipe_peer, tag))
+                continue
+            fwd, bwd = boundary_moves(p.source, cast(Layout, p.layout), self.grid.rank)
+            for peer, where, box in (fwd if kind == "F" else bwd).recvs:
+                buf = torch.empty(tuple(hi - lo for lo, hi in box), dtype=p.dtype, device=device)
+                pending.append(C.irecv(self.world, buf, self._rank_on(peer_stage, peer), tag))
+                pieces.append((block, where, buf))
+
+        def finish() -> list[torch.Tensor]:
+            for block, where, buf in pieces:
+                block[where] = buf
+            return blocks
+
+        self.received[(kind, a.stage, a.microbatch)] = (pending, finish)
+
+    def _fused(self, stage: int) -> Any:
+        """The Redistribute that starts ``stage`` when its input crosses ranks (fused into the messages), else None."""
+        layer = self.pipe._relayout.get(stage)
+        return layer if layer is not None and self._peer(stage) != self._peer(stage - 1) else None
+
+    def _rank_on(self, stage: int, model_rank: int) -> int:
+        """The grid rank holding ``stage`` at this rank's data coordinates and the model grid's rank ``model_rank``."""
+        plan = self.pipe.plan
+        coords = list(plan.grid.coords)
+        coords[plan.pipeline_axes[0]] = self._peer(stage)
+        for axis, c in zip(plan.grid_axes(range(self.grid.ndim)), grid_coords(model_rank, self.grid.dims)):
+            coords[axis] = c
+        return plan.grid.rank_of(tuple(coords))
 
     def _device(self) -> torch.device:
         for module in self.pipe.modules_of.values():
@@ -469,38 +528,49 @@ class _Step:
         if key not in self.received:
             d = self._description(a.stage - 1, a.microbatch)
             if d is None:  # the first micro-batch of this size at this boundary: its description comes first
-                d = receive_description(self.comm, self._peer(a.stage - 1), self.grid.dims)
+                d = receive_description(self.comm, self._peer(a.stage - 1))
                 self.pipe._meta_known[(a.stage - 1, self.sizes[a.microbatch])] = d
-            self._post("F", a, d.empty(self._device()), tags.PIPELINE_ACTIVATION, a.stage - 1)
+            self._post("F", a, d, tags.PIPELINE_ACTIVATION, a.stage - 1)
 
     def receive_gradient(self, a: Action) -> None:
         if ("B", a.stage, a.microbatch) not in self.received:
-            bufs = [_empty(b) for b in blocks_of(self.y[(a.stage, a.microbatch)])]
-            self._post("B", a, bufs, tags.PIPELINE_GRADIENT, a.stage + 1)
+            self._post("B", a, self._sent(a.stage, a.microbatch), tags.PIPELINE_GRADIENT, a.stage + 1)
 
     def send_activation(self, a: Action) -> None:
-        blocks, d = describe(self.y[(a.stage, a.microbatch)])
+        blocks = blocks_of(self.y[(a.stage, a.microbatch)])
+        d = self._sent(a.stage, a.microbatch)
         key, peer = (a.stage, self.sizes[a.microbatch]), self._peer(a.stage + 1)
         if key not in self.pipe._meta_sent:
             self.sends.append((send_description(self.comm, d, peer), blocks[0]))
             self.pipe._meta_sent.add(key)
-        for block in blocks:
-            data = block.detach().contiguous()
-            self.sends.append((C.isend(self.comm, data, peer, tags.PIPELINE_ACTIVATION), data))
+        for block, p in zip(blocks, d.parts):
+            self._send(block.detach(), p, "F", a.stage + 1, tags.PIPELINE_ACTIVATION)
+
+    def _send(self, block: torch.Tensor, p: Any, kind: str, stage: int, tag: int) -> None:
+        """Send one tensor to ``stage``: whole to the counterpart, or (a layout changing on the way) each piece to
+        the rank that keeps it (``kind`` F: the activation's pieces; B: the gradient's, back)."""
+        if p.source is None:
+            data = block.contiguous()
+            self.sends.append((C.isend(self.comm, data, self._peer(stage), tag), data))
+            return
+        fwd, bwd = boundary_moves(p.source, p.layout, self.grid.rank)
+        for peer, where, _ in (fwd if kind == "F" else bwd).sends:
+            data = block[where].contiguous()
+            self.sends.append((C.isend(self.world, data, self._rank_on(stage, peer), tag), data))
 
     def send_gradient(self, a: Action) -> None:
         grads = self.dinput.pop((a.stage, a.microbatch))
         x = self.x.pop((a.stage, a.microbatch))
-        peer = self._peer(a.stage - 1)
-        for g, block in zip(grads, blocks_of(x)):
-            data = torch.zeros_like(block) if g is None else g.contiguous()  # (None: the input reached no output)
-            self.sends.append((C.isend(self.comm, data, peer, tags.PIPELINE_GRADIENT), data))
+        d = cast(Described, self._description(a.stage - 1, a.microbatch))
+        for g, block, p in zip(grads, blocks_of(x), d.parts):
+            data = torch.zeros_like(block) if g is None else g  # (None: the input reached no output)
+            self._send(data, p, "B", a.stage - 1, tags.PIPELINE_GRADIENT)
 
     def _take(self, kind: str, stage: int, i: int) -> list[torch.Tensor]:
-        pending, bufs = self.received.pop((kind, stage, i))
+        pending, finish = self.received.pop((kind, stage, i))
         for p in pending:
             p.wait()
-        return bufs
+        return finish()
 
     # ------------------------------------------------------------------ compute
     def forward(self, a: Action) -> None:
@@ -512,7 +582,9 @@ class _Step:
             x = _detached(prev)
         else:
             blocks = [b.requires_grad_(True) for b in self._take("F", s, i)]
-            x = self._description(s - 1, i).wrap(blocks, self.grid)  # type: ignore[union-attr]
+            fused = self._fused(s)
+            moved_grid = fused.grid if fused is not None else None
+            x = self._description(s - 1, i).wrap(blocks, self.grid, moved_grid)  # type: ignore[union-attr]
         self.x[(s, i)] = x
         t0 = time.perf_counter()  # (after the input arrived: a span is computation, never waiting)
         out = self.pipe.modules_of[s](x)
@@ -620,11 +692,6 @@ def _device(device: Any, meta: bool) -> Any:
         return torch.device(device)
     gpu = C.current_device() if meta else None
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
-
-
-def _empty(like: torch.Tensor) -> torch.Tensor:
-    """A contiguous receive buffer shaped like ``like`` (whose strides may be a view's)."""
-    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
 
 
 def _length(x: Any) -> int:

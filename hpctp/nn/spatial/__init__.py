@@ -31,6 +31,9 @@ from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, GroupNorm
 # pool.py
 from .pool import AvgPool2d, AvgPool3d, MaxPool2d, MaxPool3d
 
+# redistribute.py
+from .redistribute import Redistribute
+
 # upsample.py
 from .upsample import Upsample, upsampled_layout
 
@@ -44,6 +47,8 @@ __all__ = [
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm",
     # pool.py
     "AvgPool2d", "AvgPool3d", "MaxPool2d", "MaxPool3d",
+    # redistribute.py
+    "Redistribute",
     # upsample.py
     "Upsample", "upsampled_layout",
 ]  # fmt: skip
