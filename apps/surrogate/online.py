@@ -42,6 +42,8 @@ from .train import make_optimizer, train_step
 
 __all__ = [
     "ONLINE_DEFAULTS",
+    "CapiTrainer",
+    "capi_trainer",
     "OnlineTrainer",
     "expected_snapshots",
     "online_settings",
@@ -334,3 +336,62 @@ class OnlineTrainer:
             "persistence": float(np.mean(err_persist)) if err_persist else math.nan,
             "held_out": len(err_model),
         }
+
+
+class CapiTrainer:
+    """Collective over grid. The online trainer of the C/Fortran API (``hpctp_stream_init``): co-located
+    on the simulation's ranks, built at the first snapshot (whose blocks give the layout), training the
+    steps that each snapshot allows before the simulation goes on.
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+        The simulation's grid (``hpctp_init``).
+    cfg : dict
+        The TOML file of ``hpctp_stream_init``: ``[simulation]`` must describe what the caller simulates
+        (``size``, and ``steps``/``warmup``/``snapshot_every``, or ``pde = "navier_stokes"`` and
+        ``snapshots``: the expected snapshot count), with ``[surrogate]``, ``[train]`` and ``[online]``.
+    """
+
+    def __init__(self, grid: hpctp.ProcessGrid, cfg: dict[str, Any]) -> None:
+        from hpctp.cli.log import get_logger
+
+        from .parallel import training_setup
+
+        if online_settings(cfg)["placement"] != "colocated":
+            raise ValueError("the C API trains co-located (online.placement = 'colocated'): the caller's ranks train")
+        self.grid, self.cfg = grid, cfg
+        self.log = get_logger("apps.surrogate.online", grid)
+        tcfg = {**cfg, "simulation": {**cfg["simulation"], "grid": list(grid.dims)}}
+        if int(cfg["train"].get("data", 1)) != 1 or int(cfg["train"].get("tensor", 1)) != 1:
+            tcfg["simulation"]["grid"] = [0] * grid.ndim
+        self.setup, self.plan = training_setup(tcfg, grid)
+        self.stream: Stream | None = None
+        self.trainer: OnlineTrainer | None = None
+
+    def put(self, x: hpctp.DistTensor) -> None:
+        """Collective over grid. The next snapshot (copied into the trainer's buffer), then the steps it allows."""
+        if self.stream is None:
+            self.stream = Stream(
+                self.grid, x.global_shape, x.dtype, stream_config(self.cfg), sim_grid=self.grid, sim_layout=x.layout,
+                train_grid=self.plan.grid, train_split=(None, *self.plan.spatial_axes),
+            )  # fmt: skip
+            self.trainer = OnlineTrainer(self.cfg, self.stream, self.plan, self.setup, self.log, self.cfg["train"]["out"])
+        self.stream.put(x)
+        self.trainer.run_due()  # type: ignore[union-attr]
+
+    def finalize(self) -> dict[str, Any]:
+        """Collective over grid. End the stream, finish the training (checkpoint in ``train.out``)."""
+        result: dict[str, Any] = {}
+        if self.stream is not None and self.trainer is not None:
+            self.stream.end()
+            result = self.trainer.finish()
+        self.plan.free()
+        self.plan.grid.free()
+        return result
+
+
+def capi_trainer(grid: hpctp.ProcessGrid, cfg: dict[str, Any]) -> CapiTrainer:
+    """Collective over grid. The factory ``hpctp_stream_init`` calls (``trainer =
+    "apps.surrogate.online:capi_trainer"`` in its TOML file)."""
+    return CapiTrainer(grid, cfg)
