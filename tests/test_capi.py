@@ -332,6 +332,11 @@ def test_fortran_module(build: Path, tmp_path: Path) -> None:
         assert 0 <= float(errf) <= 2e-6
         assert int(before) == 2 and "not initialised" in before_msg
         assert int(bad) == 1 and "do not tile" in bad_msg
+    streams = re.findall(r"^fortran stream put=(\d+) init=(\d+) final=(\d+) put_msg=(.*) init_msg=(.*)$", proc.stdout, re.M)
+    assert len(streams) == 4, proc.stdout
+    for put, init, final, put_msg, init_msg in streams:  # the online-training bindings reach Python
+        assert (int(put), int(init), int(final)) == (1, 1, 0), (put, init, final)
+        assert "no stream: call hpctp_stream_init" in put_msg and "No such file" in init_msg, (put_msg, init_msg)
 
 
 @pytest.mark.skipif(not sysconfig.get_config_var("Py_ENABLE_SHARED"), reason="needs a shared libpython")
