@@ -251,7 +251,9 @@ def test_c_example_trains_online_and_predicts(build: Path, tmp_path: Path) -> No
 
     grid = hpctp.ProcessGrid([1, 1], comm=MPI.COMM_SELF)
     try:
-        want = np.asarray(Surrogate(grid, str(run / "checkpoint.h5"))(hpctp.distribute(got_state, grid, (None, 0, 1))).local)
+        want = np.asarray(
+            Surrogate(grid, str(run / "checkpoint.h5"))(hpctp.distribute(got_state, grid, (None, 0, 1))).local
+        )
     finally:
         grid.free()
     assert np.isfinite(want).all() and np.abs(want - got_state).max() > 1e-6  # trained: not persistence
@@ -332,7 +334,9 @@ def test_fortran_module(build: Path, tmp_path: Path) -> None:
         assert 0 <= float(errf) <= 2e-6
         assert int(before) == 2 and "not initialised" in before_msg
         assert int(bad) == 1 and "do not tile" in bad_msg
-    streams = re.findall(r"^fortran stream put=(\d+) init=(\d+) final=(\d+) put_msg=(.*) init_msg=(.*)$", proc.stdout, re.M)
+    streams = re.findall(
+        r"^fortran stream put=(\d+) init=(\d+) final=(\d+) put_msg=(.*) init_msg=(.*)$", proc.stdout, re.M
+    )
     assert len(streams) == 4, proc.stdout
     for put, init, final, put_msg, init_msg in streams:  # the online-training bindings reach Python
         assert (int(put), int(init), int(final)) == (1, 1, 0), (put, init, final)

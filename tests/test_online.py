@@ -20,6 +20,7 @@ from apps.simulate.online import run_online
 from apps.surrogate.online import online_settings, step_budget, stream_config
 from apps.surrogate.train import make_optimizer
 from hpctp.comm.io_calls import bcast_bytes
+from hpctp.io import TrainingSchedule
 from hpctp.testing import assert_all, assert_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,11 +42,12 @@ def _cfg(out: Path, *extra: str) -> dict:
 def test_settings_are_checked() -> None:
     cfg = load_config(TINY)
     assert step_budget(cfg) == 2 * 2  # 2 epochs x 2 batches of the 4 training pairs of 7 snapshots
+    assert [TrainingSchedule(6, 7, 3, 2.0).need(s) for s in range(6)] == [3, 5, 5, 6, 7, 7]
     scfg = stream_config(cfg)
     assert (scfg.horizon, scfg.holdout_every, scfg.batch_size, scfg.eviction) == (1, 3, 2, "reservoir")
     for key, value, match in [
         ("placement", "elsewhere", "placement"), ("depth", 0, "depth"), ("stop_after", -1, "stop_after"),
-        ("buffer_mib", 0, "buffer_mib"),
+        ("buffer_mib", 0, "buffer_mib"), ("ramp", 0.5, "ramp"), ("tail", 1.0, "tail"),
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             online_settings({**cfg, "online": {**cfg["online"], key: value}})
@@ -59,9 +61,7 @@ def test_same_loss_curve_on_any_trainer_ranks_and_placement(shared_dir: Path) ->
     with two data-parallel copies of the trainer draw the same pairs and give the same losses."""
     size = WORLD.Get_size()
     runs = {"colocated": run_online(_cfg(shared_dir / "a", "online.max_wait=inf"), WORLD)}
-    runs["separate"] = run_online(
-        _cfg(shared_dir / "b", "online.placement=separate", "online.max_wait=inf"), WORLD
-    )
+    runs["separate"] = run_online(_cfg(shared_dir / "b", "online.placement=separate", "online.max_wait=inf"), WORLD)
     if size % 2 == 0:
         runs["data2"] = run_online(_cfg(shared_dir / "c", "online.max_wait=inf", "train.data=2"), WORLD)
     ref = runs["colocated"]
@@ -85,12 +85,13 @@ def test_same_loss_curve_on_any_trainer_ranks_and_placement(shared_dir: Path) ->
 
 @pytest.mark.mpi
 def test_train_online_command_writes_no_snapshots(shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The simulation stops after 4 of its 7 snapshots: the trainer runs the steps those allow (6 x 4 / 7
-    -> 3), writes their checkpoint, and prints the held-out error; no snapshot file appears."""
+    """The simulation stops after 5 of its 7 snapshots: the trainer runs the steps those allow (3 of 6:
+    steps 0, 1, 2 need 3, 5, 5 snapshots with ramp 2), writes their checkpoint, and prints the held-out
+    error; no snapshot file appears."""
     out = shared_dir / "cli"
     code = simulate_main(
         ["--config", str(TINY), "--train-online", "--set", f'train.out="{out}"', "--set", f'simulation.out="{out}/sim.h5"',
-         "--set", "online.steps=6", "--set", "online.stop_after=4"]
+         "--set", "online.steps=6", "--set", "online.stop_after=5"]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert_all(WORLD, code == 0 and not (out / "sim.h5").exists() and (out / "checkpoint.h5").exists(), "files")
@@ -130,7 +131,12 @@ run_main(lambda: main(sys.argv[1:]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "PYTHONPATH": str(ROOT)}
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     proc = subprocess.run(
-        [mpiexec, "-n", "4", sys.executable, "-c", script], capture_output=True, text=True, timeout=150, env=env, cwd=ROOT
+        [mpiexec, "-n", "4", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+        cwd=ROOT,
     )
     assert proc.returncode != 0
     assert "[rank 3/4] error" in proc.stderr and "injected trainer failure" in proc.stderr, proc.stderr[-3000:]

@@ -68,7 +68,11 @@ def test_draws_are_seeded_distinct_and_sorted() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"capacity": 0}, "capacity"), ({"capacity": 3, "eviction": "fifo"}, "eviction"), ({"capacity": 3, "seed": -1}, "seed")],
+    [
+        ({"capacity": 0}, "capacity"),
+        ({"capacity": 3, "eviction": "fifo"}, "eviction"),
+        ({"capacity": 3, "seed": -1}, "seed"),
+    ],
 )
 def test_bad_replay_plans(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -90,15 +94,26 @@ def test_held_out_pairs_are_offline_trainings(n: int, horizon: int, holdout: flo
     assert not held_out(4, 0) and pairs_before(5, 0, 0) == 5
 
 
+@pytest.mark.parametrize("ramp, tail", [(1.0, 0.0), (2.0, 0.0), (1.0, 0.25), (1.5, 0.5)])
 @pytest.mark.parametrize("steps, snapshots, start", [(480, 121, 7), (7, 30, 4), (4, 7, 3), (10, 10, 0), (3, 5, 9)])
-def test_schedule_spreads_the_steps_over_the_snapshots(steps: int, snapshots: int, start: int) -> None:
-    s = TrainingSchedule(steps, snapshots, start)
+def test_schedule_spreads_the_steps_over_the_snapshots(
+    steps: int, snapshots: int, start: int, ramp: float, tail: float
+) -> None:
+    s = TrainingSchedule(steps, snapshots, start, ramp, tail)
     need = [s.need(i) for i in range(steps)]
     assert need == sorted(need) and need[-1] == snapshots and all(n >= min(start, snapshots) for n in need)
     for produced in range(snapshots + 3):  # allowed(p) counts the steps whose snapshots are there
         assert s.allowed(produced) == sum(1 for n in need if n <= produced)
-    # even: after a share of the snapshots, about that share of the steps
-    assert abs(s.allowed(snapshots // 2) - steps * (snapshots // 2) / snapshots) <= max(1, steps / snapshots) + start * steps / snapshots
+    assert sum(1 for n in need if n == snapshots) >= round(tail * steps)  # the tail runs after the last one
+    # after a share q of the snapshots, about q ** ramp of the steps spread over them
+    q = (snapshots // 2) / snapshots
+    assert abs(s.allowed(snapshots // 2) - s.during * q**ramp) <= 1 + s.during / snapshots + start * steps / snapshots
+
+
+def test_bad_schedules() -> None:
+    for kwargs, match in [({"ramp": 0.5}, "ramp"), ({"tail": 1.0}, "tail"), ({"start": -1}, "start")]:
+        with pytest.raises(ValueError, match=match):
+            TrainingSchedule(10, 5, **kwargs)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------- moves between groups

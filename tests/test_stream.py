@@ -25,7 +25,9 @@ def _cuts(n: int, parts: int) -> tuple[int, ...]:
 
 
 def _sim_layout(grid: hpctp.ProcessGrid, shape: tuple[int, ...] = SHAPE) -> hpctp.Layout:
-    return hpctp.Layout(shape, grid.dims, (None, 0, 1), (None, _cuts(shape[1], grid.dims[0]), _cuts(shape[2], grid.dims[1])))
+    return hpctp.Layout(
+        shape, grid.dims, (None, 0, 1), (None, _cuts(shape[1], grid.dims[0]), _cuts(shape[2], grid.dims[1]))
+    )
 
 
 def _groups(world: MPI.Intracomm) -> tuple[bool, MPI.Intracomm]:
@@ -94,7 +96,9 @@ def test_colocated_moves_no_data(world: MPI.Intracomm) -> None:
     train = hpctp.ProcessGrid([1, *grid.dims], comm=world)  # a training grid: one data group
     lay = _sim_layout(grid)
     cfg = StreamConfig(horizon=2, buffer_bytes=3 * 2 * 140 * 8, eviction="reservoir", seed=7, max_wait=0.0)
-    stream = Stream(world, SHAPE, "float64", cfg, sim_grid=grid, sim_layout=lay, train_grid=train, train_split=(None, 1, 2))
+    stream = Stream(
+        world, SHAPE, "float64", cfg, sim_grid=grid, sim_layout=lay, train_grid=train, train_split=(None, 1, 2)
+    )
     assert stream.colocated and stream.layout.dim_cuts == lay.dim_cuts  # the simulation's own blocks
     sl = lay.local_slices(grid.coords)
     with hpctp.comm.CommCounter() as c:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import closing
 from typing import Any
 
@@ -30,19 +30,19 @@ from .navier_stokes import NavierStokes2D
 __all__ = ["run_online", "snapshots"]
 
 
-def snapshots(sim: dict[str, Any], grid: hpctp.ProcessGrid) -> Iterator[hpctp.DistTensor]:
+def snapshots(sim: dict[str, Any], grid: hpctp.ProcessGrid) -> Generator[hpctp.DistTensor, None, None]:
     """Collective over grid. The snapshots of a ``[simulation]`` section, one at a time, as
     :func:`apps.simulate.run.simulate` stores them (``[C, H, W]`` split ``(None, 0, 1)``). Each is the
     live state (Gray-Scott) or a fresh field (Navier-Stokes): use it before asking for the next."""
     if sim.get("pde", "grayscott") == "navier_stokes":
         every, warmup, count = float(sim["snapshot_every"]), float(sim["warmup"]), int(sim["snapshots"])
         with NavierStokes2D.from_config(sim, grid) as ns:
-            state = ns.initial_state(int(sim["seed"]))
-            ns.step_to(state, warmup)
-            yield ns.vorticity(state)
+            ns_state = ns.initial_state(int(sim["seed"]))
+            ns.step_to(ns_state, warmup)
+            yield ns.vorticity(ns_state)
             for i in range(1, count):
-                ns.step_to(state, warmup + i * every)
-                yield ns.vorticity(state)
+                ns.step_to(ns_state, warmup + i * every)
+                yield ns.vorticity(ns_state)
         return
     model = GrayScott.from_config(sim)
     state = initial_state(tuple(sim["size"]), grid, sim["seed"], sim["seeds"])
@@ -73,8 +73,9 @@ def run_online(cfg: dict[str, Any], world: Any, verbose: bool = False) -> dict[s
     dict
         On trainer ranks: :meth:`apps.surrogate.online.OnlineTrainer.finish`'s result; on every
         simulation rank also ``simulated`` (snapshots put), ``sim_seconds`` (the simulation loop,
-        training steps included when co-located) and ``waited`` (seconds the simulation's first rank
-        waited for the trainer); ``role``.
+        training steps included when co-located), ``sim_cpu`` (its CPU seconds on this rank), ``waited`` (seconds the simulation's first rank
+        waited for the trainer), ``dropped`` (snapshots thinned) and ``bytes_sent`` (this rank's bytes
+        of snapshots sent to trainer ranks); ``role``.
 
     Raises
     ------
@@ -119,7 +120,7 @@ def run_online(cfg: dict[str, Any], world: Any, verbose: bool = False) -> dict[s
     result: dict[str, Any] = {"role": "both" if is_sim and is_train else "simulation" if is_sim else "trainer"}
     if sim_grid is not None:
         stop = int(on["stop_after"])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         count = 0
         with closing(snapshots(sim, sim_grid)) as states:
             for snap in states:
@@ -130,7 +131,11 @@ def run_online(cfg: dict[str, Any], world: Any, verbose: bool = False) -> dict[s
                 if stop and count >= stop:
                     break
         stream.end()
-        result.update(simulated=count, sim_seconds=time.perf_counter() - t0, waited=stream.stats.waited)
+        result.update(
+            simulated=count, sim_seconds=time.perf_counter() - t0, sim_cpu=time.process_time() - c0,
+            waited=stream.stats.waited,
+            dropped=stream.stats.dropped, bytes_sent=stream.stats.bytes_sent,
+        )  # fmt: skip
         log.info(
             "simulated %d snapshots in %.2f s (%s); %d thinned, waited %.2f s for the trainer",
             count, result["sim_seconds"], "training steps included" if trainer else "alone on its ranks",

@@ -14,6 +14,8 @@ Config keys (``[online]``, all optional; see ``apps/configs/default.toml``):
   of the job's ranks train, the others simulate);
 * ``trainer_ranks`` (separate; 0: half of the ranks), ``buffer_mib`` (replay capacity, MiB of the global
   field's pairs), ``eviction`` (``"reservoir"`` or ``"window"``), ``steps`` (0: the offline budget),
+  ``ramp`` and ``tail`` (how the steps spread over the snapshots, :class:`hpctp.io.TrainingSchedule`:
+  by default 2 and 0, steps in proportion to the pairs there are to draw from, none after the end),
   ``max_wait`` (seconds the simulation may wait for the trainer; ``inf``: never thin), ``depth``
   (snapshots in flight), ``checkpoint_every`` (steps; 0: ``train.checkpoint_every`` epochs' worth),
   ``stop_after`` (the simulation stops after that many snapshots; 0: all).
@@ -62,6 +64,8 @@ ONLINE_DEFAULTS: dict[str, Any] = {
     "depth": 2,
     "checkpoint_every": 0,
     "stop_after": 0,
+    "ramp": 2.0,
+    "tail": 0.0,
 }
 """The ``[online]`` keys and their values when a config leaves them out."""
 
@@ -90,6 +94,10 @@ def online_settings(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"online.depth must be an int >= 1, got {on['depth']!r}")
     if not float(on["buffer_mib"]) > 0:
         raise ValueError(f"online.buffer_mib must be > 0, got {on['buffer_mib']!r}")
+    if not float(on["ramp"]) >= 1.0:
+        raise ValueError(f"online.ramp must be >= 1 (1: steps evenly over the snapshots), got {on['ramp']!r}")
+    if not 0.0 <= float(on["tail"]) < 1.0:
+        raise ValueError(f"online.tail must be a share of the steps in [0, 1), got {on['tail']!r}")
     if not float(on["max_wait"]) >= 0:
         raise ValueError(f"online.max_wait must be seconds >= 0 (inf: never thin), got {on['max_wait']!r}")
     return on
@@ -176,7 +184,7 @@ class OnlineTrainer:
         n = expected_snapshots(cfg["simulation"])
         self.budget = step_budget(cfg)
         start = snapshots_for_pairs(scfg.batch_size, scfg.horizon, scfg.holdout_every)
-        self.schedule = TrainingSchedule(self.budget, n, min(start, n))
+        self.schedule = TrainingSchedule(self.budget, n, min(start, n), float(on["ramp"]), float(on["tail"]))
         batches = -(-len(split_indices(n, scfg.horizon, float(cfg["train"]["holdout"]))[0]) // scfg.batch_size)
         self.checkpoint_every = int(on["checkpoint_every"]) or max(1, batches * int(cfg["train"]["checkpoint_every"]))
         self.weight = float(cfg["train"].get("spectral_weight", 0.0))
@@ -209,7 +217,9 @@ class OnlineTrainer:
     def _wrap(self, block: np.ndarray) -> hpctp.DistTensor:
         shape = (block.shape[0], *self.stream.shape)
         grid = self.plan.model_grid
-        x = hpctp.DistTensor(torch.from_numpy(block), grid, hpctp.Layout(shape, grid.dims, self._batch_split, self._batch_cuts))
+        x = hpctp.DistTensor(
+            torch.from_numpy(block), grid, hpctp.Layout(shape, grid.dims, self._batch_split, self._batch_cuts)
+        )
         balanced = hpctp.Layout(shape, grid.dims, self._batch_split)
         return x if x.layout == balanced else x.redistribute(balanced)  # (the layers' own blocks)
 
@@ -376,7 +386,9 @@ class CapiTrainer:
                 self.grid, x.global_shape, x.dtype, stream_config(self.cfg), sim_grid=self.grid, sim_layout=x.layout,
                 train_grid=self.plan.grid, train_split=(None, *self.plan.spatial_axes),
             )  # fmt: skip
-            self.trainer = OnlineTrainer(self.cfg, self.stream, self.plan, self.setup, self.log, self.cfg["train"]["out"])
+            self.trainer = OnlineTrainer(
+                self.cfg, self.stream, self.plan, self.setup, self.log, self.cfg["train"]["out"]
+            )
         self.stream.put(x)
         self.trainer.run_due()  # type: ignore[union-attr]
 

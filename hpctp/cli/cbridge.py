@@ -3,18 +3,18 @@
 A simulation code written in C, C++ or Fortran links ``libhpctp_c``, which embeds Python
 and calls the functions here:
 
-=====================  ======================================================
-C                      Python
-=====================  ======================================================
-``hpctp_init``         :func:`init` (builds the :class:`~hpctp.ProcessGrid`)
-``hpctp_load``         :func:`load` (``"package.module:factory"`` + checkpoint)
-``hpctp_infer[_f]``    :func:`infer` on the caller's memory, in place
-``hpctp_grid``         :func:`grid_info`
-``hpctp_stream_init``  :func:`stream_init` (online training: a trainer from a TOML config)
-``hpctp_put[_f]``      :func:`put`: the next snapshot's blocks to the trainer (copied)
-``hpctp_stream_finalize``  :func:`stream_finalize` (the trainer finishes: checkpoint)
-``hpctp_finalize``     :func:`finalize`
-=====================  ======================================================
+=========================  ======================================================
+C                          Python
+=========================  ======================================================
+``hpctp_init``             :func:`init` (builds the :class:`~hpctp.ProcessGrid`)
+``hpctp_load``             :func:`load` (``"package.module:factory"`` + checkpoint)
+``hpctp_infer[_f]``        :func:`infer` on the caller's memory, in place
+``hpctp_grid``             :func:`grid_info`
+``hpctp_stream_init``      :func:`stream_init` (online training: a trainer from a TOML file)
+``hpctp_put[_f]``          :func:`put`: the next snapshot's blocks to the trainer (copied)
+``hpctp_stream_finalize``  :func:`stream_finalize` (the trainer finishes: its checkpoint)
+``hpctp_finalize``         :func:`finalize`
+=========================  ======================================================
 
 They work from Python as well (that is how the multi-rank tests drive them). The state (one
 grid, one model) belongs to the process: :func:`init` creates it, :func:`finalize` frees it.

@@ -39,7 +39,7 @@ def split_comm(comm: MPI.Intracomm, color: int, key: int | None = None) -> MPI.I
     elif key is not None and not is_int(key):
         error = TypeError(f"split_comm: key={key!r} must be an int or None")
     agree_arguments(comm, "split_comm", error)
-    new = comm.Split(int(color), comm.Get_rank() if key is None else int(key))
+    new: MPI.Intracomm = comm.Split(int(color), comm.Get_rank() if key is None else int(key))  # type: ignore[assignment]
     new.Set_name(f"hpctp.group{int(color)}")
     return new
 

@@ -20,14 +20,16 @@ Draws
     order), sorted.
 
 Schedule (:class:`TrainingSchedule`)
-    ``steps`` optimizer steps spread evenly over ``snapshots`` expected snapshots: step ``s`` runs once
+    ``steps`` optimizer steps spread over ``snapshots`` expected snapshots: step ``s`` runs once
     ``need(s) = min(snapshots, max(start, ceil((s + 1) snapshots / steps)))`` snapshots have been
-    produced (dropped ones count: thinning does not stall the trainer), so a simulation that stops
-    after ``p`` snapshots leaves ``allowed(p)`` steps trained on what it produced.
+    produced (evenly; ``ramp`` puts fewer steps on the first snapshots, ``tail`` keeps a share of the
+    steps for after the last one). Dropped snapshots count, so thinning does not stall the trainer, and
+    a simulation that stops after ``p`` snapshots leaves ``allowed(p)`` steps trained on what it produced.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,34 +167,62 @@ class TrainingSchedule:
         Snapshots the simulation is expected to produce, >= 1.
     start : int
         Snapshots needed before the first step (e.g. :func:`snapshots_for_pairs` of a batch).
+    ramp : float
+        ``>= 1``: step ``s`` needs ``snapshots ((s + 1) / steps) ** (1 / ramp)`` snapshots, so the
+        steps per snapshot grow like ``snapshots ** (ramp - 1)``: 1 spreads them evenly, 2 in
+        proportion to the pairs there are to draw from (fewer steps on the first few pairs).
+    tail : float
+        Share of the steps, in ``[0, 1)``, that run after the last expected snapshot (on the whole
+        buffer); the others are spread over the snapshots.
 
     Raises
     ------
     ValueError
-        On counts < 1 (``start`` < 0).
+        On counts < 1 (``start`` < 0), ``ramp < 1`` or ``tail`` outside ``[0, 1)``.
     """
 
     steps: int
     snapshots: int
     start: int = 1
+    ramp: float = 1.0
+    tail: float = 0.0
 
     def __post_init__(self) -> None:
         _check_count("steps", self.steps, 1)
         _check_count("snapshots", self.snapshots, 1)
         _check_count("start", self.start, 0)
+        if not (isinstance(self.ramp, (int, float)) and self.ramp >= 1.0):
+            raise ValueError(f"ramp must be a number >= 1, got {self.ramp!r}")
+        if not (isinstance(self.tail, (int, float)) and 0.0 <= self.tail < 1.0):
+            raise ValueError(f"tail must be in [0, 1), got {self.tail!r}")
+
+    @property
+    def during(self) -> int:
+        """Local. The steps spread over the snapshots (the others run after the last one)."""
+        return max(1, self.steps - int(round(self.tail * self.steps)))
 
     def need(self, step: int) -> int:
         """Local. Snapshots produced before step ``step`` may run."""
         step = _check_count("step", step, 0)
-        even = -(-(step + 1) * self.snapshots // self.steps)
+        if step >= self.during:
+            return self.snapshots
+        if self.ramp == 1.0:  # (exact integers)
+            even = -(-(step + 1) * self.snapshots // self.during)
+        else:
+            even = math.ceil(self.snapshots * ((step + 1) / self.during) ** (1.0 / self.ramp) - 1e-9)
         return min(self.snapshots, max(self.start, even))
 
     def allowed(self, produced: int) -> int:
         """Local. How many steps may have run once ``produced`` snapshots were produced (all
-        ``steps`` once the expected count is reached)."""
+        ``steps`` once the expected count is reached): the steps ``s`` with ``need(s) <= produced``."""
         produced = _check_count("produced", produced, 0)
         if produced >= self.snapshots:
             return self.steps
-        if produced < self.start:
-            return 0
-        return min(self.steps, produced * self.steps // self.snapshots)
+        lo, hi = 0, self.steps  # need() does not decrease: the first step that needs more
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.need(mid) <= produced:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
