@@ -47,15 +47,18 @@ test-mpio:
 
 # style, types and layers (CI runs it after `make test`): ruff lint + format check over the tree, mypy on
 # the library, the apps and the benchmarks, and import-linter's contracts (setup.cfg [importlinter]): every
-# room of hpctp imports only the rooms below it, function-body imports included, so no cycle can form
+# room of hpctp imports only the rooms below it, function-body imports included, so no cycle can form; then
+# tools/code_map.py prints the largest folder's share of hpctp's lines (fails above 20%) and the guide's pages
 lint: install
 	$(PY) -m pip install -q -c constraints.txt -e ".[lint]"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy hpctp apps benchmarks
 	$(VENV)/bin/lint-imports
+	$(PY) tools/code_map.py
 
-# the API reference (Sphinx + numpydoc) into build/docs/html; warnings are errors (CI runs it)
+# the user guide (its scripts in examples/guide/ run under mpiexec: docs/_ext/hpctp_guide.py) and the API reference
+# (Sphinx + numpydoc) into build/docs/html; warnings are errors, and so is a failing guide script (CI runs it)
 docs: install
 	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
 	$(VENV)/bin/sphinx-build -E -W --keep-going -q -j auto -b html docs build/docs/html

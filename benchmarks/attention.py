@@ -28,6 +28,9 @@ from the previous case: caches, and the ranks' wake-up after the single-process 
     4. torch, one process: ``torch.nn.TransformerEncoderLayer(norm_first=True)`` on rank 0.
 
     The outputs and input gradients of 1 and 3 are checked against 4 (same inputs, 1 thread).
+    With ``--trace N``, case 1 also runs with the flight recorder on (``hpctp.debug.trace(N)``, as
+    ``HPCTP_TRACE=N``: every MPI call entered with its label and call site) in the same
+    interleaved rounds, and the table of its cost follows: traced / untraced.
 
 (b) Exact attention of a 2-D field of ``--patches`` x ``--patches`` tokens (batch 1,
     ``--ring-heads`` heads of ``--ring-head-dim``, float32), forward and forward+backward:
@@ -76,8 +79,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import hpctp
 from hpctp.cli.runner import run_main
 from hpctp.nn import TransformerBlock
+from hpctp.nn.distributed.state_dict import global_state_dict
 from hpctp.nn.functional import attention
-from hpctp.nn.state_dict import global_state_dict
 from hpctp.tensor.random import block_normal
 
 _MPI_ENV = ("PMI", "HYDRA", "MPI", "OMPI", "PMIX", "I_MPI")
@@ -379,6 +382,19 @@ def _with_allreduce(stand_in: Callable[..., Any], fn: Callable[[], object]) -> C
     return run
 
 
+def _traced(entries: int, case: Callable[[], float]) -> Callable[[], float]:
+    """Local. ``case`` with the flight recorder on (``entries`` in its ring), off again after."""
+
+    def run() -> float:
+        hpctp.debug.trace(entries)
+        try:
+            return case()
+        finally:
+            hpctp.debug.trace(0)
+
+    return run
+
+
 def _no_communication(block: TransformerBlock, x: torch.Tensor) -> torch.Tensor:
     """Local. The block's arithmetic on this rank's shards, its four collectives left out (not the block's result)."""
     attn, mlp = block.self_attn, block.mlp
@@ -451,6 +467,8 @@ def _block_case(
     cases = {"hpctp": _clock(hp, n), "no comm": _clock(local, n), "dtensor": _clock(dt, n), "torch": one_process}
     for name, stand_in in _STAND_INS.items():  # where the gap to "no comm" goes (results not checked: wrong sums)
         cases[name] = _clock(_with_allreduce(stand_in, hp), n)
+    if args.trace:  # the flight recorder's cost, interleaved with the untraced block
+        cases["traced"] = _traced(args.trace, _clock(hp, n))
     times = _rounds(cases, args.rounds, grid.comm)
     # checks (1 thread): outputs and input gradients against the single-process layer
     y_ref = ref().detach()
@@ -494,6 +512,17 @@ def _print_blocks(rows: list[dict[str, Any]], args: argparse.Namespace, size: in
         t = r["times"]
         cells = " | ".join(_ratio(t[k], t["no comm"]) for k in (*_STAND_INS, "hpctp"))
         print(f"| {r['embed']} | {r['tokens']} | {cells} |")
+    if args.trace:
+        print()
+        print(f"flight recorder on (HPCTP_TRACE={args.trace}: every MPI call entered, labelled, its call site found)")
+        print("| embed | tokens | hpctp | hpctp traced | traced / untraced |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            t = r["times"]
+            print(
+                f"| {r['embed']} | {r['tokens']} | {_cell(t['hpctp'])} | {_cell(t['traced'])} | "
+                f"{_ratio(t['traced'], t['hpctp'])} |"
+            )
     for r in rows:
         d = r["diffs"]
         print(
@@ -564,6 +593,8 @@ def _parser() -> argparse.ArgumentParser:
         "--calls", type=int, default=10, help="part (a): consecutive calls per timed sample (their mean; default 10)"
     )
     p.add_argument("--threads", type=int, default=0, help="threads of the single-process runs (default: #ranks)")
+    p.add_argument("--trace", type=int, default=0, metavar="N",
+                   help="part (a): also time the block with the flight recorder on (N ring entries), interleaved")  # fmt: skip
     p.add_argument("--no-math", action="store_true", help="skip the reference on SDPA's math backend")
     p.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--backend", default="default", help=argparse.SUPPRESS)
@@ -589,6 +620,8 @@ def _sizes(args: argparse.Namespace, size: int) -> list[tuple[int, int]]:
         raise ValueError(f"--calls must be >= 1, got {args.calls}")
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.trace < 0:
+        raise ValueError(f"--trace must be >= 0 (ring entries; 0: off), got {args.trace}")
     return out
 
 

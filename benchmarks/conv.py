@@ -33,7 +33,7 @@ def reference(args: argparse.Namespace) -> None:
 
 def distributed(args: argparse.Namespace) -> None:
     from hpctp.nn import sync_gradients
-    from hpctp.nn.conv import Conv2d
+    from hpctp.nn.spatial.conv import Conv2d
 
     grid, x, base = L.setup_ranks(args)
     dtype = x.dtype

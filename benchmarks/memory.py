@@ -1,40 +1,41 @@
-"""Sharded data parallelism (ZeRO/FSDP stages of hpctp.nn.ShardedDataParallel): state memory per rank and
-step time, on 1, 2 and 4 ranks, against one process.
+"""Sharded data parallelism (ZeRO/FSDP stages of hpctp.nn.ShardedDataParallel): memory per rank, as accounted and
+as measured, and step time, on 1, 2 and 4 ranks, against one process.
 
 Usage::
 
-    python benchmarks/memory.py                            # mpiexec -n 1, 2, 4 of itself; the tables
-    python benchmarks/memory.py --ranks 2 --width 32       # smaller, one rank count
-    mpiexec -n 4 python benchmarks/memory.py --worker      # one rank count (what the launcher runs)
+    python benchmarks/memory.py                                 # every configuration on 2 and 4 ranks; the tables
+    python benchmarks/memory.py --ranks 2 --width 256 --steps 2 # smaller
+    mpiexec -n 4 python benchmarks/memory.py --worker --config "stage 3"   # one configuration (the launcher's job)
 
-The model is a wide FNO (``--width`` channels, ``--depth`` Fourier layers of ``--modes`` modes, each
-with its 1x1 convolution) on ``--size``-square 2-channel fields, float32, trained with Adam on a
-global batch of ``--batch`` samples split over the ranks (data parallelism: ``ParallelPlan(grid,
-data=(0,))``; gradient buckets of ``--bucket-mib``, default 4: several per model, so that their messages can
-start during backward). For every configuration, in ONE run per rank count:
+The model (``--model mlp``, the default) is ``--layers`` ``torch.nn.Linear(width, width)`` with a tanh between, float32,
+on a global batch of ``--batch`` rows split over the data ranks (``ParallelPlan(grid, data=(0,))``); ``--model fno``
+is a wide FNO (``--width`` channels, ``--layers`` Fourier layers of ``--modes`` modes with their 1x1 convolutions, on
+``--size``-square 2-channel fields). It is built on the ``meta`` device and materialized by the wrapper (one process:
+:func:`hpctp.nn.materialize`), then trained with Adam. Every configuration runs in a process of its own (the C
+allocator's state carries over from one run to the next), launched once per allocator (``--allocators``: the
+default glibc, and jemalloc through ``LD_PRELOAD`` where ``libjemalloc.so.2`` is found). Per configuration:
 
-* **state** per rank: the bytes of parameters, gradients and Adam state held by this rank, as
-  *kept* between steps (after the step: what the rank must hold for the model to exist) and at the
-  *peak* inside the step (sampled after every module's forward and backward, so the whole
-  parameters and gradients that stage 3 gathers for a unit, and the next unit prefetched, count
-  while they exist); the maximum over ranks, against one process's (the same model unsharded).
-* **step**: the median over ``--steps`` steps of the slowest rank's time; against the unsharded
-  data-parallel step (stage 0, overlap on) of the same run, and against one process running the
-  global batch with as many threads as there are ranks (rank 0 alone while the others sleep).
-* **activations**: bytes that autograd saves in forward (``saved_tensors_hooks``), without and
-  with activation checkpointing (``hpctp.nn.checkpoint`` per layer).
-* ``--budget-mib``: whether the state fits a per-rank budget (default 64 MiB: one process does not).
+* **state** (accounting): the bytes of parameters, gradients and Adam state a rank holds between steps (*kept*);
+* **resident** (measured, as a user sees it): the peak of the resident set over construction and ``--steps`` steps,
+  sampled from a thread at >= 1 kHz together with the kernel's high-water mark (:class:`hpctp.PeakMemory`), minus
+  the runtime's own (the same measurement after a warm-up run of a 2-layer model of the same width); the largest
+  over ranks. On a GPU (``--device cuda``): ``torch.cuda.max_memory_allocated``;
+* **tensors** (allocation statistics): the peak of live CPU tensor bytes in one more step (torch.profiler's memory
+  events: what the allocator was asked for, free of its retention), plus what was alive on entry;
+* **step**: the median over ``--steps`` steps (the first left out) of the slowest rank's time, against stage 0 of the
+  same run and against one process running the global batch with as many threads as there are ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,40 +43,53 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
+CONFIGS = {  # name: (stage, overlap, prefetch, checkpointing)
+    "stage 0": (0, True, True, False),
+    "stage 0, messages after backward (no overlap)": (0, False, True, False),
+    "stage 1": (1, True, True, False),
+    "stage 2": (2, True, True, False),
+    "stage 3": (3, True, True, False),
+    "stage 3, no prefetch": (3, True, False, False),
+    "stage 3, checkpointing": (3, True, True, True),
+}
+ONE = "one process"
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts (launcher)")
-    p.add_argument("--width", type=int, default=48)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--modes", type=int, default=12)
-    p.add_argument("--size", type=int, default=32)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--budget-mib", type=float, default=64.0)
-    p.add_argument("--bucket-mib", type=float, default=4.0, help="gradient bucket size (several buckets: overlap)")
-    p.add_argument("--worker", action="store_true", help="run one rank count under mpiexec")
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="rank counts (launcher)")
+    p.add_argument("--model", choices=["mlp", "fno"], default="mlp")
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--modes", type=int, default=12, help="fno: Fourier modes")
+    p.add_argument("--size", type=int, default=32, help="fno: field size")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), metavar="NAME", help="configurations (launcher)")
+    p.add_argument("--allocators", nargs="+", default=["glibc", "jemalloc"], help="glibc, jemalloc (launcher)")
+    p.add_argument("--worker", action="store_true", help="run one configuration under mpiexec")
+    p.add_argument("--config", default="stage 3", help="the worker's configuration, or 'one process'")
     return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------------------------------------- model
-def _model(args: argparse.Namespace, grid: Any) -> torch.nn.Module:
+def _model(args: argparse.Namespace, grid: Any, layers: int) -> torch.nn.Module:
+    """The benchmark's model on ``grid`` (plain torch layers for the MLP: replicated, sharded by the wrapper)."""
+    w = args.width
+    if args.model == "mlp":
+        return torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(w, w), torch.nn.Tanh())])
     from hpctp.nn import Conv2d, SpectralConv2d
-
-    w, f32 = args.width, torch.float32
 
     class WideFNO(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.lift = Conv2d(2, w, 1, grid=grid, seed=0, dtype=f32)
+            self.lift = Conv2d(2, w, 1, grid=grid, seed=0)
             self.spectral = torch.nn.ModuleList(
-                SpectralConv2d(w, w, args.modes, grid=grid, seed=1 + i, dtype=f32) for i in range(args.depth)
+                SpectralConv2d(w, w, args.modes, grid=grid, seed=1 + i) for i in range(layers)
             )
-            self.pointwise = torch.nn.ModuleList(
-                Conv2d(w, w, 1, grid=grid, seed=100 + i, dtype=f32) for i in range(args.depth)
-            )
-            self.head = Conv2d(w, 2, 1, grid=grid, seed=200, dtype=f32)
+            self.pointwise = torch.nn.ModuleList(Conv2d(w, w, 1, grid=grid, seed=100 + i) for i in range(layers))
+            self.head = Conv2d(w, 2, 1, grid=grid, seed=200)
 
         def forward(self, x: Any) -> Any:
             h = self.lift(x)
@@ -87,20 +101,23 @@ def _model(args: argparse.Namespace, grid: Any) -> torch.nn.Module:
     return WideFNO()
 
 
-def _layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    for m in model.modules():
-        if isinstance(m, torch.nn.ModuleList):
-            yield from m
+def _batch(args: argparse.Namespace, start: int, stop: int, grid: Any) -> tuple[Any, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    if args.model == "mlp":
+        x = torch.randn(args.batch, args.width, generator=g)
+        return x[start:stop].to(args.device), torch.tanh(x[start:stop]).to(args.device)
+    import hpctp
+
+    x = torch.randn(args.batch, 2, args.size, args.size, generator=g)
+    xs = x[start:stop].contiguous()
+    lay = hpctp.Layout(tuple(xs.shape), grid.dims, (None, None, 0, 1))
+    return hpctp.DistTensor(xs, grid, lay), torch.roll(x, 1, dims=-1)[start:stop].contiguous()
 
 
-def _checkpoint_layers(model: torch.nn.Module) -> None:
-    from hpctp.nn import checkpoint_forward
-
-    for layer in _layers(model):
-        checkpoint_forward(layer)
+def _prediction(out: Any) -> torch.Tensor:
+    return out.local if hasattr(out, "local") else out
 
 
-# ---------------------------------------------------------------------------------------------- measuring
 def _state_bytes(tensors: list[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a resized-away storage counts 0)."""
     seen: dict[int, int] = {}
@@ -110,175 +127,160 @@ def _state_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-class _Probe:
-    """Samples the state bytes after every module's forward and backward (and on demand)."""
-
-    def __init__(self, model: torch.nn.Module, owner: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        self.model, self.owner, self.opt, self.peak = model, owner, opt, 0
-        self.handles = []
-        for m in model.modules():
-            self.handles.append(m.register_forward_hook(lambda *_: self.sample(), prepend=True))
-            self.handles.append(m.register_full_backward_hook(lambda *_: self.sample(), prepend=True))
-
-    def tensors(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for p in [*self.model.parameters(), *self.owner.parameters()]:
-            out.append(p)
-            if p.grad is not None:
-                out.append(p.grad)
-        for state in self.opt.state.values():
-            out += [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-        return out
-
-    def sample(self) -> None:
-        self.peak = max(self.peak, _state_bytes(self.tensors()))
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-def _saved_bytes(run: Callable[[], Any], params: list[torch.Tensor]) -> tuple[Any, int]:
-    """``run()`` and the bytes of the tensors autograd saves for backward in it, parameters (state,
-    counted apart) left out."""
-    total = [0]
-    state = {p.untyped_storage().data_ptr() for p in params}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in state:
-            total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = run()
-    return out, total[0]
+def _held(model: torch.nn.Module, owner: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for p in [*model.parameters(), *owner.parameters()]:
+        out.append(p)
+        if p.grad is not None:
+            out.append(p.grad)
+    for state in opt.state.values():
+        out += [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- worker
-def _data(args: argparse.Namespace, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(args.batch, 2, args.size, args.size, generator=g)
-    return x[start:stop].contiguous(), torch.roll(x, 1, dims=-1)[start:stop].contiguous()
-
-
-def _configuration(
-    args: argparse.Namespace, plan: Any, stage: int, overlap: bool, ckpt: bool, prefetch: bool = True
-) -> dict[str, Any]:
+def _run(args: argparse.Namespace, plan: Any, config: str, layers: int, steps: int) -> dict[str, Any]:
+    """Collective over the plan's grid. Build, wrap and train ``steps`` steps; times and what is kept."""
     import hpctp
-    from hpctp.nn import ShardedDataParallel, global_mse_loss
+    from hpctp.nn import ShardedDataParallel, checkpoint_forward, global_mse_loss, materialize
 
     grid = plan.model_grid
-    model = _model(args, grid)
-    if ckpt:
-        _checkpoint_layers(model)
-    sdp = ShardedDataParallel(model, plan, stage=stage, overlap=overlap, prefetch=prefetch, bucket_mib=args.bucket_mib)
-    opt = torch.optim.Adam(sdp.parameters(), lr=1e-4)
-    start, stop = plan.sample_range(args.batch)
-    x, y = _data(args, start, stop)
-    lay = hpctp.Layout(tuple(x.shape), grid.dims, (None, None, 0, 1))
-    xd = hpctp.DistTensor(x, grid, lay)
-    probe = _Probe(model, sdp, opt)
-    times, saved, kept = [], 0, 0
-    for i in range(args.steps + 1):
+    with torch.device("meta"):
+        model = _model(args, grid, layers)
+    if config == ONE:
+        materialize(model, seed=0, device=args.device)
+        owner: torch.nn.Module = model
+        step_fn: Callable[[torch.optim.Optimizer], None] = lambda opt: opt.step()  # noqa: E731
+        loss_axes: tuple[int, ...] = ()
+    else:
+        stage, overlap, prefetch, ckpt = CONFIGS[config]
+        owner = ShardedDataParallel(
+            model, plan, stage=stage, overlap=overlap, prefetch=prefetch, seed=0, device=args.device
+        )
+        if ckpt:
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear) or m.__class__.__name__.startswith("Spectral"):
+                    checkpoint_forward(m)
+        step_fn = owner.step  # type: ignore[assignment]
+        loss_axes = plan.loss_axes
+    opt = torch.optim.Adam(owner.parameters(), lr=1e-5)
+    start, stop = plan.sample_range(args.batch) if config != ONE else (0, args.batch)
+    x, y = _batch(args, start, stop, grid)
+
+    def step() -> None:
+        loss = global_mse_loss(_prediction(owner(x)), y, plan.grid, loss_axes)
+        loss.backward()
+        step_fn(opt)
+        owner.zero_grad()
+
+    times = []
+    for i in range(steps):
         plan.grid.comm.Barrier()
         t0 = time.perf_counter()
-        pred, saved = _saved_bytes(lambda: sdp(xd), [*model.parameters(), *sdp.parameters()])
-        loss = global_mse_loss(pred.local, y, plan.grid, plan.loss_axes)
-        loss.backward()
-        sdp.step(opt)
-        kept = _state_bytes(probe.tensors())  # (before zero_grad: the gradients a step needs count)
-        sdp.zero_grad()
-        probe.sample()
+        step()
         slowest = np.array([time.perf_counter() - t0])
         hpctp.comm.allreduce(plan.grid.comm, slowest, "max")
-        if i:  # the first step builds plans and allocates the optimizer state
+        if i or steps == 1:  # the first step builds plans and allocates the optimizer state
             times.append(float(slowest[0]))
-    probe.remove()
-    peak = np.array([float(max(probe.peak, kept)), float(saved), float(kept)])
-    hpctp.comm.allreduce(plan.grid.comm, peak, "max")
-    return {"stage": stage, "overlap": overlap, "checkpoint": ckpt, "prefetch": prefetch, "state": peak[0],
-            "saved": peak[1], "kept": peak[2], "step": float(np.median(times)), "loss": float(loss.detach())}  # fmt: skip
-
-
-def _one_process(args: argparse.Namespace, threads: int) -> dict[str, Any]:
-    """The unsharded model on the whole global batch in this process (a 1x1 grid of COMM_SELF)."""
-    from mpi4py import MPI
-
-    import hpctp
-    from hpctp.nn import global_mse_loss
-
-    torch.set_num_threads(threads)
-    grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
-    model = _model(args, grid)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x, y = _data(args, 0, args.batch)
-    xd = hpctp.DistTensor(x, grid, hpctp.Layout(tuple(x.shape), grid.dims, (None, None, 0, 1)))
-    probe = _Probe(model, model, opt)
-    times = []
-    kept = 0
-    for i in range(args.steps + 1):
-        t0 = time.perf_counter()
-        pred, saved = _saved_bytes(lambda: model(xd), list(model.parameters()))
-        loss = global_mse_loss(pred.local, y, grid)
-        loss.backward()
-        opt.step()
-        kept = _state_bytes(probe.tensors())
-        opt.zero_grad(set_to_none=True)
-        probe.sample()
-        if i:
-            times.append(time.perf_counter() - t0)
-    torch.set_num_threads(1)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"state": float(max(probe.peak, kept)), "kept": float(kept), "saved": float(saved),
-            "step": float(np.median(times)), "params": params}  # fmt: skip
+    kept = _state_bytes(_held(model, owner, opt))
+    return {"step": float(np.median(times)), "kept": kept, "run": step, "held": lambda: _held(model, owner, opt)}
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Collective over the world. Every configuration on this rank count; JSON on rank 0's stdout."""
+    """Collective over the world. One configuration; a JSON line on rank 0's stdout."""
     from mpi4py import MPI
 
     import hpctp
+    from hpctp._util.memory import resident_bytes
     from hpctp.nn import ParallelPlan
 
-    torch.set_num_threads(1)
     world = MPI.COMM_WORLD
-    grid = hpctp.ProcessGrid((world.Get_size(), 1, 1), comm=world)
+    if args.config == ONE:
+        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+        world = MPI.COMM_SELF
+    else:
+        torch.set_num_threads(1)
+    grid = hpctp.ProcessGrid((world.Get_size(), 1, 1) if args.model == "fno" else (world.Get_size(),), comm=world)
     plan = ParallelPlan(grid, data=(0,))
-    rows = [_configuration(args, plan, s, True, False) for s in (0, 1, 2, 3)]
-    rows.append(_configuration(args, plan, 0, False, False))
-    rows.append(_configuration(args, plan, 3, True, False, prefetch=False))
-    rows.append(_configuration(args, plan, 3, True, True))
-    ref = None
+    _run(args, plan, args.config, 2, 2)  # warm-up: the runtime's own memory, with the same kinds of buffers
+    base = resident_bytes()
+    with hpctp.PeakMemory(baseline=base) as measured:
+        result = _run(args, plan, args.config, args.layers, args.steps + 1)
+    entry = _state_bytes(result["held"]())
+    with hpctp.PeakMemory(tensors=True) as live:
+        result["run"]()
+    table = hpctp.comm.allgather_ints(
+        grid.comm, [measured.peak, measured.cuda, entry + live.tensors, result["kept"], measured.samples]
+    )
     if world.Get_rank() == 0:
-        ref = _one_process(args, world.Get_size())
-    req = world.Ibarrier()
-    while not req.Test():
-        time.sleep(0.05)
-    if world.Get_rank() == 0:
-        print(json.dumps({"ranks": world.Get_size(), "rows": rows, "one_process": ref}), flush=True)
+        row = {
+            "config": args.config, "ranks": grid.size, "step": result["step"], "resident": int(table[:, 0].max()),
+            "cuda": int(table[:, 1].max()), "tensors": int(table[:, 2].max()), "kept": int(table[:, 3].max()),
+            "rate": float(measured.samples / max(measured.seconds, 1e-9)),
+        }  # fmt: skip
+        print(json.dumps(row), flush=True)
     plan.free()
     grid.free()
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def _report(result: dict[str, Any], budget: float) -> None:
-    ref, rows, p = result["one_process"], result["rows"], result["ranks"]
-    base = next(r for r in rows if r["stage"] == 0 and r["overlap"] and not r["checkpoint"])
+def _jemalloc() -> str | None:
+    for candidate in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"):
+        if Path(candidate).exists():
+            return candidate
+    found = ctypes.util.find_library("jemalloc")
+    return found if found and Path(found).is_absolute() else None
+
+
+def _launch(n: int, config: str, allocator: str, rest: list[str]) -> dict[str, Any]:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+    if allocator == "jemalloc":
+        env["LD_PRELOAD"] = _jemalloc() or ""
+    if config == ONE:
+        env["BENCH_THREADS"] = str(n)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--config", ONE, *rest]
+    else:
+        cmd = [
+            str(mpiexec),
+            "-n",
+            str(n),
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--config",
+            config,
+            *rest,
+        ]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE.parent, check=False)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode or not lines:
+        sys.exit(
+            f"{config} on {n} ranks ({allocator}) failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+        )
+    return dict(json.loads(lines[-1]))
+
+
+def _report(n: int, rows: dict[str, dict[str, dict[str, Any]]], allocators: list[str]) -> None:
     mib = 2.0**20
-    print(f"\n{p} rank(s), data parallel; one process: parameters {ref['params'] / mib:.1f} MiB, "
-          f"state (params + grads + Adam) kept {ref['kept'] / mib:.1f} MiB, peak {ref['state'] / mib:.1f} MiB, "
-          f"step {ref['step'] * 1e3:.1f} ms ({p} threads), activations saved {ref['saved'] / mib:.1f} MiB")  # fmt: skip
-    print("| configuration | state kept [MiB] | / one process | state peak [MiB] | / one process | peak fits budget | "
-          "step [ms] | / stage 0 | / one process | activations saved [MiB] |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        name = (f"stage {r['stage']}" + ("" if r["overlap"] else ", no overlap")
-                + ("" if r["prefetch"] or r["stage"] < 3 else ", no prefetch")
-                + (", checkpointing" if r["checkpoint"] else ""))  # fmt: skip
-        fits = "yes" if r["state"] <= budget * mib else "no"
-        print(f"| {name} | {r['kept'] / mib:.1f} | {r['kept'] / ref['kept']:.2f} | {r['state'] / mib:.1f} | "
-              f"{r['state'] / ref['state']:.2f} | {fits} | {r['step'] * 1e3:.1f} | {r['step'] / base['step']:.2f} | "
-              f"{r['step'] / ref['step']:.2f} | {r['saved'] / mib:.1f} |")  # fmt: skip
+    one = rows[ONE]
+    base = rows.get("stage 0", rows[next(iter(rows))])[allocators[0]]
+    ref = one[allocators[0]]
+    print(f"\n{n} rank(s), data parallel; one process: state kept {ref['kept'] / mib:.1f} MiB, "
+          + ", ".join(f"resident peak {one[a]['resident'] / mib:.0f} MiB ({a})" for a in allocators)
+          + f", live tensors peak {ref['tensors'] / mib:.0f} MiB, step {ref['step'] * 1e3:.1f} ms ({n} threads)")  # fmt: skip
+    heads = [f"resident peak [MiB] ({a}) | / one process" for a in allocators]
+    print("| configuration | state kept / one process | " + " | ".join(heads)
+          + " | live tensors peak / one process | step [ms] | / stage 0 | / one process |")  # fmt: skip
+    print("| --- | ---: | " + " | ".join("---: | ---:" for _ in allocators) + " | ---: | ---: | ---: | ---: |")
+    for name, by in rows.items():
+        r = by[allocators[0]]
+        cells = [f"{by[a]['resident'] / mib:.0f} | {by[a]['resident'] / one[a]['resident']:.2f}" for a in allocators]
+        print(f"| {name} | {r['kept'] / ref['kept']:.2f} | " + " | ".join(cells)
+              + f" | {r['tensors'] / ref['tensors']:.2f} | {r['step'] * 1e3:.1f} | {r['step'] / base['step']:.2f} | "
+              f"{r['step'] / ref['step']:.2f} |")  # fmt: skip
+    rates = [by[a]["rate"] for by in rows.values() for a in allocators]
+    print(f"(resident memory sampled at {min(rates):.0f}-{max(rates):.0f} Hz, with the kernel's high-water mark)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -286,16 +288,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--worker"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    allocators = [a for a in args.allocators if a != "jemalloc" or _jemalloc()]
+    rest = [f"--model={args.model}", f"--width={args.width}", f"--layers={args.layers}", f"--modes={args.modes}",
+            f"--size={args.size}", f"--batch={args.batch}", f"--steps={args.steps}", f"--device={args.device}"]  # fmt: skip
     for n in args.ranks:
-        cmd = [str(mpiexec), "-n", str(n), sys.executable, str(Path(__file__).resolve()), "--worker", *rest]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE.parent, check=False)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-        if out.returncode or not lines:
-            sys.exit(f"{n} ranks failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-        _report(json.loads(lines[-1]), args.budget_mib)
+        rows: dict[str, dict[str, dict[str, Any]]] = {}
+        for config in [ONE, *args.configs]:
+            rows[config] = {a: _launch(n, config, a, rest) for a in allocators}
+        _report(n, rows, allocators)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Sphinx configuration of hpctp's API reference (``make docs``: warnings are errors).
+"""Sphinx configuration of hpctp's user guide and API reference (``make docs``: warnings are errors).
 
 The reference imports hpctp (autodoc), so it needs the package's own dependencies (numpy, mpi4py,
 torch, h5py) but no GPU and no network: cupy is mocked and no intersphinx inventory is fetched.
+The guide runs the scripts of ``examples/guide/`` under the venv's ``mpiexec`` (docs/_ext/hpctp_guide.py),
+so it also needs matplotlib (the ``apps`` extra) and the apps (the repository root).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ extensions = [
     "sphinx.ext.viewcode",
     "numpydoc",
     "hpctp_docs",  # docs/_ext: the supported-functions tables and the __all__ coverage check
+    "hpctp_guide",  # docs/_ext: the guide's scripts, run under mpiexec at build time (hpctp-run)
 ]
 
 templates_path = ["_templates"]
 root_doc = "index"
+exclude_patterns = ["guide/_run"]  # the guide scripts' outputs (figures, HDF5 files)
 
 # autodoc / autosummary: one stub page per public object, written to api/generated/ (git-ignored) on
 # every build; emptied first, so a stub of a renamed or removed name cannot linger (it would be
@@ -70,15 +74,21 @@ hpctp_api_modules = [
     "hpctp.halo",
     "hpctp.nn",
     "hpctp.nn.functional",
-    "hpctp.nn.context_parallel",
-    "hpctp.nn.sequence_parallel",
+    "hpctp.nn.transformer.context_parallel",
+    "hpctp.nn.transformer.sequence_parallel",
+    "hpctp.nn.transformer.agreement",
     "hpctp.io",
     "hpctp.testing",
+    "hpctp.debug",
+    "hpctp.debug.types",
+    "hpctp.debug.watcher",
+    "hpctp.comm.trace",
     "hpctp.cli",
     "hpctp.cli.command",
     "hpctp.cli.info",
     "hpctp.cli.demo",
     "hpctp.cli.runner",
+    "hpctp.cli.trace",
     "hpctp.cli.log",
     "hpctp.cli.cbridge",
 ]

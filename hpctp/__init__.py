@@ -4,7 +4,8 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
-from . import comm, fft, halo, io, layout, linalg
+from . import comm, debug, fft, halo, io, layout, linalg
+from ._util.memory import PeakMemory
 from .comm import CommCounter, ProcessGrid
 from .halo import HaloExchange
 from .layout import Layout, block_range
@@ -28,6 +29,7 @@ __all__ = [
     "DistTensor",
     "HaloExchange",
     "Layout",
+    "PeakMemory",
     "ProcessGrid",
     "__version__",
     "block_range",
@@ -36,6 +38,7 @@ __all__ = [
     "concatenate",
     "cumprod",
     "cumsum",
+    "debug",
     "diff",
     "distribute",
     "empty",

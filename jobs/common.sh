@@ -80,6 +80,19 @@ export PYTHONUNBUFFERED=1
 #   export HPCTP_CUDA_AWARE=1
 if [ -n "${HPCTP_CUDA_AWARE:-}" ]; then export HPCTP_CUDA_AWARE; fi
 
+# ------------------------------------------------------------------ a hang or a slow step (hpctp.debug)
+# Set in the submitting shell (or uncomment); every rank gets them (Open MPI: through -x, below).
+#   export HPCTP_WATCHDOG=600          # a rank waiting 600 s in one MPI call: every rank dumps, the job ends
+#                                      # with a report of where the ranks diverge (HPCTP_TRACE_DIR/job-*/report.txt)
+#   export HPCTP_TRACE=2000            # flight recorder: each rank's last 2000 MPI calls, dumped at exit;
+#                                      # then `hpctp trace summarize HPCTP_TRACE_DIR` names the stragglers
+#   export HPCTP_CHECK=1               # compare every collective's operation, size, dtype and root first (debug runs)
+#   export HPCTP_TRACE_DIR=$RUNDIR/trace   # default ./hpctp-trace; on a file system every node sees
+HPCTP_DEBUG_VARS=(HPCTP_TRACE HPCTP_WATCHDOG HPCTP_CHECK HPCTP_TRACE_DIR)
+for _v in "${HPCTP_DEBUG_VARS[@]}"; do
+  if [ -n "${!_v:-}" ]; then export "${_v?}"; fi
+done
+
 hpctp_run() {
   if [ "$DRY_RUN" = 1 ]; then
     local out="" a
@@ -160,7 +173,11 @@ hpctp_mpiexec_args() {
   case "$flavor" in
     openmpi)
       MPIEXEC_ARGS=(-n "$np" --map-by "ppr:$ppn:node" --bind-to core)
-      if [ -n "$hostfile" ]; then MPIEXEC_ARGS+=(--hostfile "$hostfile"); fi ;;
+      if [ -n "$hostfile" ]; then MPIEXEC_ARGS+=(--hostfile "$hostfile"); fi
+      local v  # (Open MPI passes no variable to other nodes unless told; hydra, PALS and srun pass them all)
+      for v in "${HPCTP_DEBUG_VARS[@]}"; do
+        if [ -n "${!v:-}" ]; then MPIEXEC_ARGS+=(-x "$v"); fi
+      done ;;
     pals)  # Cray PALS (PBS on HPE/Cray systems): spread each rank's cores with --depth
       MPIEXEC_ARGS=(-n "$np" --ppn "$ppn" --depth "${OMP_NUM_THREADS:-1}" --cpu-bind depth)
       if [ -n "$hostfile" ]; then MPIEXEC_ARGS+=(--hostfile "$hostfile"); fi ;;

@@ -4,10 +4,11 @@
 #   gfortran                       the Fortran module of libhpctp_c (tests/test_capi.py)
 #   libhdf5-mpich-dev, pkg-config  parallel HDF5 (and MPICH) for the MPI-IO leg (tests/run_mpio.sh)
 #   patchelf                       points mpi4py's binary wheel at Debian's MPICH (tests/run_mpio.sh)
+#   libjemalloc2                   the memory-budget test of stage-3 sharding (tests/test_sharded_meta.py)
 # Usage: tests/system_deps.sh [package ...]    (default: all of the above)
 set -euo pipefail
 pkgs=("$@")
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(gfortran libhdf5-mpich-dev pkg-config patchelf)
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(gfortran libhdf5-mpich-dev pkg-config patchelf libjemalloc2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

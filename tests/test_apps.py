@@ -183,3 +183,24 @@ def test_gradient_error_matches_numpy_on_the_gathered_fields(grid2d: hpctp.Proce
     assert_allclose(
         grid2d, gradient_error(dist(pred), dist(truth)), np.sqrt(num / den), rtol=1e-12, what="gradient error"
     )
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model", ["cnn", "unet", "fno", "vit", "vit-neighborhood", "vit-tensor"])
+def test_surrogates_built_on_meta_materialize_to_their_construction(grid2d: hpctp.ProcessGrid, model: str) -> None:
+    """Every surrogate (the ViT also with its heads split over a tensor axis) built on the meta device allocates
+    nothing and materializes, layer by layer, to the values of the model built for real, bitwise."""
+    kind, _, variant = model.partition("-")
+    cfg = load_config(TINY, [f"surrogate.model={kind}"])["surrogate"]
+    if kind == "vit":
+        cfg.update(patch=2, embed=8, depth=2, heads=4, mlp_ratio=2.0)
+        cfg["attention"] = "neighborhood" if variant == "neighborhood" else "global"
+        cfg["kernel_size"] = 3
+    axis = min(range(2), key=lambda a: grid2d.dims[a]) if variant == "tensor" else None  # (<= 4 heads' ranks)
+    real = build_model(cfg, 2, grid2d, tensor_axis=axis)
+    with torch.device("meta"):
+        meta = build_model(cfg, 2, grid2d, tensor_axis=axis)
+    assert_all(grid2d, all(t.is_meta for t in meta.state_dict().values()), "allocated on meta")
+    hpctp.nn.materialize(meta, seed=0)
+    for name, value in real.state_dict().items():
+        assert_all(grid2d, torch.equal(meta.state_dict()[name], value), f"{model}: {name}")

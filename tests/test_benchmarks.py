@@ -59,10 +59,15 @@ SMALL = {
         ["--rows", "64", "--cols", "48", "--fft", "12", "--halo", "40", "--rounds", "1", "--no-heat"],
         ["| redistribute |", "| rfftn |", "| halo |", "equals numpy-block redistribute: True"],
     ),
+    "trace_overhead.py": (
+        "--blocks 64x16 --rounds 1 --calls 1 --entries 100".split(),
+        ["| 64 | 16 | 4 |", "recorder cost per call, measured alone"],
+    ),
     "attention.py": (
-        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1".split(),
+        "--blocks 32x16 --head-dim 8 --patches 8 --ring-heads 2 --ring-head-dim 8 --rounds 1 --trace 100".split(),
         [
             "| 32 | 16 | 4 |",
+            "| traced / untraced |",
             "| forward+backward |",
             "| one process, SDPA",
             "per rank / one process (math)",
@@ -123,16 +128,18 @@ def test_error_on_one_rank_aborts_the_benchmark(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(200)
 def test_memory_benchmark_runs_small(tmp_path: Path) -> None:
-    """benchmarks/memory.py launches itself on 1 and 2 ranks; stage 3 keeps about half the state of one process."""
-    args = "--ranks 1 2 --width 8 --modes 4 --depth 2 --size 16 --batch 4 --steps 1".split()
+    """benchmarks/memory.py launches each configuration in its own job on 2 ranks; stage 3 keeps about half the state
+    of one process, and every table row has the measured columns."""
+    args = ["--ranks", "2", "--width", "64", "--layers", "4", "--batch", "8", "--steps", "1", "--allocators", "glibc"]
+    args += ["--configs", "stage 0", "stage 3"]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "memory.py"), *args],
         capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert "1 rank(s), data parallel" in out and "2 rank(s), data parallel" in out, out[-3000:]
-    two = out.split("2 rank(s), data parallel")[1]
-    row = next(line for line in two.splitlines() if line.startswith("| stage 3 |"))
-    kept = float(row.split("|")[3])  # state kept / one process
-    assert 0.4 < kept < 0.6, row
+    assert "2 rank(s), data parallel" in out, out[-3000:]
+    row = next(line for line in out.splitlines() if line.startswith("| stage 3 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert len(cells) == 8, row  # name, kept, resident and its ratio, live tensors, step and its two ratios
+    assert 0.4 < float(cells[1]) < 0.6, row  # state kept / one process

@@ -14,11 +14,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def test_info_reports_runtime() -> None:
+    env = {**ENV, "HPCTP_WATCHDOG": "45"}
     out = subprocess.run(
-        [sys.executable, "-m", "hpctp", "info"], capture_output=True, text=True, timeout=120, env=ENV, check=True
+        [sys.executable, "-m", "hpctp", "info"], capture_output=True, text=True, timeout=120, env=env, check=True
     ).stdout
-    for key in ("mpi_library", "ranks", "cuda_aware_mpi", "torch", "h5py"):
+    for key in ("mpi_library", "ranks", "cuda_aware_mpi", "torch", "h5py", "HPCTP_TRACE", "HPCTP_CHECK"):
         assert key in out
+    assert "HPCTP_WATCHDOG     : 45\n" in out  # the debugging variables with their values (hpctp.debug)
     assert "ranks              : 1" in out
 
 

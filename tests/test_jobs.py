@@ -472,3 +472,19 @@ def test_slurm_pipeline_stages_after_and_gpus(tmp_path: Path) -> None:
     ]
     proc = _run([str(JOBS / "slurm_pipeline.sh")], _env(DRY_RUN="1", STAGES="simulate plot"))
     assert proc.returncode == 2 and "unknown stage 'plot'" in proc.stderr
+
+
+def test_debug_variables_reach_the_ranks(tmp_path: Path) -> None:
+    """HPCTP_TRACE/WATCHDOG/CHECK/TRACE_DIR set when submitting go to Open MPI's mpirun with -x (srun, hydra and
+    PALS pass the whole environment on); unset ones are not named."""
+    copy = tmp_path / "pbs_script"
+    shutil.copy(JOBS / "pbs_train.pbs", copy)
+    debug = {"HPCTP_WATCHDOG": "600", "HPCTP_CHECK": "1"}
+    for flavor in ("openmpi", "mpich"):
+        env = _env(DRY_RUN="1", PBS_O_WORKDIR=str(ROOT), MPI_FLAVOR=flavor, MPIEXEC="mpiexec", NP="2", PPN="2",
+                   RESUME="0", **debug)  # fmt: skip
+        proc = _run([BASH, str(copy)], env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        (cmd,) = _commands(proc.stdout)
+        flags = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+        assert flags == (["HPCTP_WATCHDOG", "HPCTP_CHECK"] if flavor == "openmpi" else [])

@@ -23,6 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "train":
             s.add_argument("--out", default=None, help="run directory (default: train.out)")
             s.add_argument("--resume", action="store_true", help="continue from RUNDIR/checkpoint.h5 (any rank count)")
+            s.add_argument(
+                "--trace", type=int, nargs="?", const=2000, default=None, metavar="N",
+                help="flight recorder: keep each rank's last N MPI calls (default 2000) and write them to RUNDIR/trace "
+                "at the end, for `hpctp trace summarize RUNDIR/trace` (HPCTP_WATCHDOG and HPCTP_CHECK also apply)",
+            )  # fmt: skip
         else:
             s.add_argument("--checkpoint", default=None, help="default: train.out/checkpoint.h5")
         if name == "evaluate":
@@ -48,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..common.config import load_config
 
     cfg = load_config(args.config, args.set)
+    if getattr(args, "trace", None) is not None:
+        hpctp.debug.trace(args.trace)  # (before the grid: every rank's sequence numbers count the same calls)
     grid = hpctp.ProcessGrid(cfg["simulation"]["grid"], comm=MPI.COMM_WORLD)
     log = get_logger(f"apps.surrogate.{args.command}", grid, args.verbose)
     data = args.data or cfg["simulation"]["out"]
@@ -58,6 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         losses = train(cfg, data, args.out or str(run), grid, log, resume=args.resume)
         if losses:
             log.info("loss: first step %.4e, last step %.4e", losses[0], losses[-1])
+        if args.trace is not None:
+            where = Path(args.out or str(run)) / "trace"
+            hpctp.debug.dump(where)
+            log.info(
+                "flight recorder: each rank's last %d MPI calls in %s (hpctp trace summarize %s)",
+                args.trace,
+                where,
+                where,
+            )
         return 0
     checkpoint = args.checkpoint or str(run / "checkpoint.h5")
     if args.command == "evaluate":

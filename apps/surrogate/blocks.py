@@ -9,7 +9,7 @@ import torch
 
 import hpctp
 
-__all__ = ["pointwise", "cat_channels", "with_local"]
+__all__ = ["pointwise", "cat_channels", "with_local", "ResidualScale", "zero_"]
 
 T = TypeVar("T", hpctp.DistTensor, torch.Tensor)
 
@@ -40,3 +40,29 @@ def cat_channels(a: T, b: T) -> T:
     if la.split != lb.split or la.dim_cuts[2:] != lb.dim_cuts[2:] or la.dim_cuts[0] != lb.dim_cuts[0]:
         raise ValueError(f"cat_channels needs the same spatial layout, got {la} and {lb}")
     return with_local(a, torch.cat([a.local, b.local], dim=1))
+
+
+def zero_(layer: torch.nn.Module) -> torch.nn.Module:
+    """Local. Zero a layer's weight and bias (the head: the untrained model predicts persistence exactly)."""
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            t = getattr(layer, name, None)
+            if t is not None:
+                t.zero_()
+    return layer
+
+
+class ResidualScale(torch.nn.Module):
+    """Local. The output scale the surrogates share: ``delta_scale``, the RMS of one step's change (a buffer,
+    set by :func:`apps.surrogate.train.fit_delta_scale`); its ``reset_parameters()`` (the model's own state: its
+    layers reset themselves) puts it back to 1, as built, so a model built on the meta device materializes."""
+
+    delta_scale: torch.Tensor
+
+    def _scale_buffer(self, dtype: torch.dtype) -> None:
+        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+
+    def reset_parameters(self) -> None:
+        """Local. ``delta_scale`` back to 1."""
+        with torch.no_grad():
+            self.delta_scale.fill_(1.0)

@@ -23,10 +23,10 @@ from hpctp.nn import Conv2d, MaxPool2d, SpectralConv2d, Upsample
 from hpctp.nn.functional import spectral_conv_fft
 from hpctp.nn.spectral import spectral_weight
 
-from .blocks import cat_channels, pointwise, with_local
+from .blocks import ResidualScale, cat_channels, pointwise, with_local, zero_
 from .vit import ViT
 
-__all__ = ["FNO", "MODELS", "ResidualCNN", "UNet", "ViT", "build_model"]
+__all__ = ["FNO", "MODELS", "ResidualCNN", "UNet", "ViT", "ZeroConv2d", "build_model"]
 
 MODELS = ("fno", "cnn", "unet", "vit")
 """The ``surrogate.model`` names :func:`build_model` knows."""
@@ -44,19 +44,25 @@ def _conv(
     )
 
 
-def _zero(conv: Any) -> torch.nn.Module:
-    """Zero the last layer: the untrained model predicts "no change" (persistence) exactly."""
-    with torch.no_grad():
-        conv.weight.zero_()
-        if conv.bias is not None:
-            conv.bias.zero_()
-    return conv
+class ZeroConv2d(Conv2d):
+    """Collective over grid. :class:`hpctp.nn.Conv2d` whose ``reset_parameters()`` also zeroes it (the head), so a
+    model built on the meta device materializes to the same values as one built for real."""
+
+    def reset_parameters(self) -> None:
+        """Local. Torch's draws (kept: the seed's stream stays as in construction), then zeros."""
+        super().reset_parameters()
+        zero_(self)
 
 
-class ResidualCNN(torch.nn.Module):
+def _head(cin: int, cout: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """The zeroed 1x1 head."""
+    if grid is None:
+        return zero_(_conv(cin, cout, 1, grid, seed, dtype))
+    return ZeroConv2d(cin, cout, 1, padding=0, padding_mode="circular", grid=grid, split=(0, 1), seed=seed, dtype=dtype)
+
+
+class ResidualCNN(ResidualScale):
     """Collective over grid. ``depth`` 3x3 conv + GELU layers of ``width`` channels, then a 1x1 conv."""
-
-    delta_scale: torch.Tensor  # a buffer: the RMS of one step's change (see train.fit_delta_scale)
 
     def __init__(
         self, channels: int, width: int, depth: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
@@ -65,8 +71,8 @@ class ResidualCNN(torch.nn.Module):
         layers = [_conv(channels, width, 3, grid, seed, dtype)]
         layers += [_conv(width, width, 3, grid, seed + i + 1, dtype) for i in range(depth - 1)]
         self.body = torch.nn.ModuleList(layers)
-        self.head = _zero(_conv(width, channels, 1, grid, seed + depth, dtype))
-        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+        self.head = _head(width, channels, grid, seed + depth, dtype)
+        self._scale_buffer(dtype)
 
     def forward(self, x: Any) -> Any:
         """Collective over grid. The predicted state (same layout as ``x``)."""
@@ -76,11 +82,9 @@ class ResidualCNN(torch.nn.Module):
         return x + pointwise(lambda t: t * self.delta_scale, self.head(h))
 
 
-class UNet(torch.nn.Module):
+class UNet(ResidualScale):
     """Collective over grid. A U-Net: per level two 3x3 convs, 2x2 max-pool down, nearest upsample
     and skip concatenation up, a 1x1 head; ``levels`` poolings."""
-
-    delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
 
     def __init__(
         self, channels: int, width: int, levels: int, grid: hpctp.ProcessGrid | None, seed: int, dtype: torch.dtype
@@ -108,8 +112,8 @@ class UNet(torch.nn.Module):
                     [_conv(w_lo + w_hi, w_hi, 3, grid, next(s), dtype), _conv(w_hi, w_hi, 3, grid, next(s), dtype)]
                 )
             )
-        self.head = _zero(_conv(width, channels, 1, grid, next(s), dtype))
-        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+        self.head = _head(width, channels, grid, next(s), dtype)
+        self._scale_buffer(dtype)
 
     @staticmethod
     def _pair(convs: Any, h: Any) -> Any:
@@ -157,13 +161,11 @@ def _add(a: Any, b: Any) -> Any:
     return a + b if isinstance(a, torch.Tensor) else with_local(a, a.local + b.local)
 
 
-class FNO(torch.nn.Module):
+class FNO(ResidualScale):
     """Collective over grid. A Fourier neural operator (Li et al., 2021): a 1x1 lift to ``width``
     channels, ``depth`` Fourier layers ``gelu(K h + W h)`` (``K`` keeps ``modes`` frequencies per
     direction and sign, ``W`` a 1x1 conv), a zeroed 1x1 head. The field is never transposed:
-    each Fourier layer sends one spectrum-sized Allreduce (see :mod:`hpctp.nn.fourier`)."""
-
-    delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
+    each Fourier layer sends one spectrum-sized Allreduce (see :mod:`hpctp.nn.spectral.fourier`)."""
 
     def __init__(
         self,
@@ -183,8 +185,8 @@ class FNO(torch.nn.Module):
         self.pointwise = torch.nn.ModuleList(
             [_conv(width, width, 1, grid, seed + 2 + 2 * i, dtype) for i in range(depth)]
         )
-        self.head = _zero(_conv(width, channels, 1, grid, seed + 1 + 2 * depth, dtype))
-        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+        self.head = _head(width, channels, grid, seed + 1 + 2 * depth, dtype)
+        self._scale_buffer(dtype)
 
     def forward(self, x: Any) -> Any:
         """Collective over grid. The predicted state (same layout as ``x``)."""

@@ -114,13 +114,17 @@ def checkpoint_layers(model: torch.nn.Module) -> int:
     return len(layers)
 
 
-def memory_line(grid: hpctp.ProcessGrid) -> str:
-    """Collective over grid. Peak resident memory per rank (and peak CUDA memory where used), as
-    ``min / max over ranks`` in MiB."""
+def memory_line(grid: hpctp.ProcessGrid, measured: hpctp.PeakMemory | None = None) -> str:
+    """Collective over grid. Peak memory per rank as ``min-max over ranks`` in MiB: the resident set over the
+    process's life, and (``measured``) what training added at its peak, sampled from a thread (see
+    :class:`hpctp.PeakMemory`); and peak CUDA memory where used."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     cuda = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
-    table = hpctp.comm.allgather_ints(grid.comm, [int(rss), int(cuda)]) / 2**20
+    added = measured.peak if measured is not None else 0
+    table = hpctp.comm.allgather_ints(grid.comm, [int(rss), int(cuda), int(added)]) / 2**20
     text = f"peak memory per rank: host {table[:, 0].min():.0f}-{table[:, 0].max():.0f} MiB"
+    if measured is not None:
+        text += f" (training added {table[:, 2].min():.0f}-{table[:, 2].max():.0f} MiB at its peak, measured)"
     if np.any(table[:, 1]):
         text += f", GPU {table[:, 1].min():.0f}-{table[:, 1].max():.0f} MiB"
     return text + f" ({grid.size} ranks)"

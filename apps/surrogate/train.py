@@ -37,6 +37,11 @@ def make_optimizer(model: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.O
     return torch.optim.Adam(model.parameters(), lr=float(cfg["train"]["lr"]))
 
 
+def _mib(params: Any, whole: bool = False) -> float:
+    """Local. MiB of ``params`` (``whole``: their shapes' sizes, storage or not)."""
+    return sum(p.numel() * p.element_size() if whole else p.untyped_storage().nbytes() for p in params) / 2**20
+
+
 def fit_delta_scale(model: torch.nn.Module, pairs: Any, grid: hpctp.ProcessGrid) -> float:
     """Collective over grid. Set ``model.delta_scale`` to the RMS of ``target - input`` over all pairs.
 
@@ -130,16 +135,25 @@ def train(
     log.info("training grid %s: %s, zero stage %d, %s", plan.grid.dims, plan, setup.zero, setup.precision)
     pairs = open_pairs(data, plan.model_grid, cfg, "train")
     channels = pairs.layout.global_shape[0]
-    model = build_model(
-        cfg["surrogate"], channels, plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None
-    )
+    measured = hpctp.PeakMemory()
+    measured.__enter__()  # (ended after the last step: construction, training and checkpoints)
+    meta = setup.zero == 3  # the whole model never exists on a rank: built on meta, materialized a slice at a time
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = build_model(
+            cfg["surrogate"], channels, plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None
+        )
     if setup.checkpoint_activations:
         log.info("activation checkpointing: %d layers recompute in backward", checkpoint_layers(model))
-    if not resume or not ckpt.exists():  # (fit before sharding: stage 3 holds only slices of the buffers' owners)
+    wrapped = ShardedDataParallel(model, plan, stage=setup.zero, seed=int(cfg["surrogate"]["seed"]))
+    if meta:
+        log.info(
+            "model built on the meta device: each rank materialized only its slices, %d units one at a time (%.3g of "
+            "%.3g MiB of parameters here)", len(wrapped.unit_names), _mib(wrapped.parameters()), _mib(model.parameters(), whole=True),
+        )  # fmt: skip
+    if not resume or not ckpt.exists():  # (buffers stay whole on every rank at any stage)
         log.info(
             "RMS change between paired snapshots: %.4g (output scale)", fit_delta_scale(model, pairs, plan.model_grid)
         )
-    wrapped = ShardedDataParallel(model, plan, stage=setup.zero)
     opt = make_optimizer(wrapped, cfg)
     loader = FieldLoader(pairs, int(tcfg["batch_size"]), shuffle=True, seed=int(cfg["surrogate"]["seed"]), plan=plan)
     per_epoch = len(loader)
@@ -180,7 +194,8 @@ def train(
                 drift = check_replicas(model, plan.model_grid)
                 if drift:
                     log.warning("replicated parameters differ between ranks (name: ranks): %s", drift)
-    log.info(memory_line(plan.grid))
+    measured.__exit__(None, None, None)
+    log.info(memory_line(plan.grid, measured))
     if grid.rank == 0:
         with open(run / "history.csv", "a") as f:
             for v in history:

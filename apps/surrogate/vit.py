@@ -46,8 +46,11 @@ import hpctp
 from hpctp.layout import block_cuts, block_range
 from hpctp.nn import NeighborhoodAttention2d, PatchEmbed2d, Unpatch2d, patch_aligned_layout
 from hpctp.nn.functional import attention
+from hpctp.nn.init import seeded
 from hpctp.ops.autograd import allreduce_sum, sum_gradients
 from hpctp.ops.move import move_block
+
+from .blocks import ResidualScale, zero_
 
 __all__ = ["ViT", "periodic_window_mask", "sincos_position"]
 
@@ -127,11 +130,17 @@ class _TensorSplit:
     def split(self) -> bool:
         return self.grid is not None and self.axis is not None
 
+    def slice(self, full: torch.Tensor, dim: int) -> torch.Tensor:
+        """Local. This rank's slice of ``full`` along ``dim`` (all of it without a tensor axis)."""
+        if self.grid is None or self.axis is None:
+            return full
+        return full.narrow(dim, self.lo, self.hi - self.lo)
+
     def shard(self, full: torch.Tensor, dim: int) -> torch.nn.Parameter:
         """Local. This rank's slice of ``full`` along ``dim`` as a parameter that knows its place."""
         if self.grid is None or self.axis is None:
             return torch.nn.Parameter(full)
-        p = torch.nn.Parameter(full.narrow(dim, self.lo, self.hi - self.lo).clone())
+        p = torch.nn.Parameter(self.slice(full, dim).clone())
         split: list[int | None] = [None] * full.ndim
         cuts: list[tuple[int, ...] | None] = [None] * full.ndim
         split[dim], cuts[dim] = self.axis, self.cuts
@@ -168,17 +177,34 @@ class _GlobalAttention(torch.nn.Module):
         grid: hpctp.ProcessGrid | None,
         dtype: torch.dtype,
         tensor_axis: int | None = None,
+        seed: int = 0,
     ):
         super().__init__()
-        self.embed, self.heads, self.schedule, self.grid = embed, heads, schedule, grid
+        self.embed, self.heads, self.schedule, self.grid, self.seed = embed, heads, schedule, grid, seed
         self.part = _TensorSplit(grid, tensor_axis, heads, embed // heads)
-        w = torch.empty(3 * embed, embed, dtype=dtype)
-        out = torch.nn.Linear(embed, embed, dtype=dtype)  # (torch's order: its init draws after in_proj's empty)
-        torch.nn.init.xavier_uniform_(w)
-        self.qkv_weight = self.part.shard(w.reshape(3, embed, embed), 1)
+        with seeded(seed):
+            w, out = self._draw(dtype)
+        self.qkv_weight = self.part.shard(w, 1)
         self.qkv_bias = self.part.shard(torch.zeros(3, embed, dtype=dtype), 1)
-        self.out_weight = self.part.shard(out.weight.detach().clone(), 1)
+        self.out_weight = self.part.shard(out, 1)
         self.out_bias = torch.nn.Parameter(torch.zeros(embed, dtype=dtype))
+
+    def _draw(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole ``[3, E, E]`` in-projection and ``[E, E]`` out-projection, in torch's order of draws."""
+        e = self.embed
+        w = torch.empty(3 * e, e, dtype=dtype)
+        out = torch.nn.Linear(e, e, dtype=dtype)  # (torch's order: its init draws after in_proj's empty)
+        torch.nn.init.xavier_uniform_(w)
+        return w.reshape(3, e, e), out.weight.detach()
+
+    def reset_parameters(self) -> None:
+        """Local. The values of construction (the whole projections drawn on the CPU, this rank's heads kept)."""
+        with torch.no_grad(), seeded(self.seed), torch.device("cpu"):
+            w, out = self._draw(self.qkv_weight.dtype)
+            self.qkv_weight.copy_(self.part.slice(w, 1))
+            self.out_weight.copy_(self.part.slice(out, 1))
+            self.qkv_bias.zero_()
+            self.out_bias.zero_()
 
     def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
         """Collective over grid when ``layout`` is given. ``t``: the token block ``[N, rows, cols, E]``."""
@@ -213,16 +239,32 @@ class _MLP(torch.nn.Module):
     with torch's initial values; with a tensor axis the hidden units are split (column, then row)."""
 
     def __init__(
-        self, embed: int, hidden: int, grid: hpctp.ProcessGrid | None, tensor_axis: int | None, dtype: torch.dtype
-    ):
+        self, embed: int, hidden: int, grid: hpctp.ProcessGrid | None, tensor_axis: int | None, dtype: torch.dtype,
+        seed: int = 0,
+    ):  # fmt: skip
         super().__init__()
+        self.embed, self.hidden, self.seed = embed, hidden, seed
         self.part = _TensorSplit(grid, tensor_axis, hidden, 1)
-        fc1 = torch.nn.Linear(embed, hidden, dtype=dtype)
-        fc2 = torch.nn.Linear(hidden, embed, dtype=dtype)
+        with seeded(seed):
+            fc1, fc2 = self._draw(dtype)
         self.fc1_weight = self.part.shard(fc1.weight.detach().clone(), 0)
         self.fc1_bias = self.part.shard(fc1.bias.detach().clone(), 0)
         self.fc2_weight = self.part.shard(fc2.weight.detach().clone(), 1)
         self.fc2_bias = torch.nn.Parameter(fc2.bias.detach().clone())
+
+    def _draw(self, dtype: torch.dtype) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+        return torch.nn.Linear(self.embed, self.hidden, dtype=dtype), torch.nn.Linear(
+            self.hidden, self.embed, dtype=dtype
+        )
+
+    def reset_parameters(self) -> None:
+        """Local. The values of construction (torch's two linears drawn whole on the CPU, this rank's units kept)."""
+        with torch.no_grad(), seeded(self.seed), torch.device("cpu"):
+            fc1, fc2 = self._draw(self.fc1_weight.dtype)
+            self.fc1_weight.copy_(self.part.slice(fc1.weight, 0))
+            self.fc1_bias.copy_(self.part.slice(fc1.bias, 0))
+            self.fc2_weight.copy_(self.part.slice(fc2.weight, 1))
+            self.fc2_bias.copy_(fc2.bias)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         a = F.gelu(F.linear(self.part.enter(t), self.fc1_weight, self.fc1_bias))
@@ -296,9 +338,9 @@ class _Block(torch.nn.Module):
         if kind == "neighborhood":
             self.attn: torch.nn.Module = _NeighborhoodAttention(embed, heads, kernel_size, grid, seed, dtype)
         else:
-            self.attn = _seeded(seed, lambda: _GlobalAttention(embed, heads, schedule, grid, dtype, tensor_axis))
+            self.attn = _GlobalAttention(embed, heads, schedule, grid, dtype, tensor_axis, seed)
         self.norm2 = torch.nn.LayerNorm(embed, dtype=dtype)
-        self.mlp = _seeded(seed + 1, lambda: _MLP(embed, hidden_units(embed, mlp_ratio), grid, tensor_axis, dtype))
+        self.mlp = _MLP(embed, hidden_units(embed, mlp_ratio), grid, tensor_axis, dtype, seed + 1)
 
     def forward(self, t: torch.Tensor, layout: hpctp.Layout | None) -> torch.Tensor:
         """Collective over grid when ``layout`` is given. The block's output, ``t``'s shape."""
@@ -311,11 +353,13 @@ def hidden_units(embed: int, mlp_ratio: float) -> int:
     return max(1, round(embed * mlp_ratio))
 
 
-def _zero(layer: Any) -> None:
-    """Local. Zero a layer's weight and bias: the untrained model predicts persistence exactly."""
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.bias.zero_()
+class _ZeroUnpatch2d(Unpatch2d):
+    """Collective over grid (local: no communication). :class:`hpctp.nn.Unpatch2d`, zeroed by its reset too."""
+
+    def reset_parameters(self) -> None:
+        """Local. Torch's draws (the seed's stream as in construction), then zeros."""
+        super().reset_parameters()
+        zero_(self)
 
 
 class _TorchUnpatch(torch.nn.Module):
@@ -332,7 +376,7 @@ class _TorchUnpatch(torch.nn.Module):
         return F.pixel_shuffle(y, self.patch)
 
 
-class ViT(torch.nn.Module):
+class ViT(ResidualScale):
     """Collective over grid. A vision transformer over the patches of the field (see :mod:`apps.surrogate.vit`).
 
     Parameters
@@ -365,8 +409,6 @@ class ViT(torch.nn.Module):
         On non-positive sizes, ``heads`` not dividing ``embed``, an unknown attention kind or schedule,
         an even ``kernel_size``, or a tensor axis with neighbourhood attention or fewer heads than its ranks.
     """
-
-    delta_scale: torch.Tensor  # a buffer, as in ResidualCNN
 
     def __init__(
         self,
@@ -441,9 +483,9 @@ class ViT(torch.nn.Module):
         if grid is None:
             self.head: torch.nn.Module = _seeded(last, lambda: _TorchUnpatch(embed, channels, patch, dtype))
         else:
-            self.head = Unpatch2d(embed, channels, patch, grid, split=(0, 1), seed=last, dtype=dtype)
-        _zero(self.head)
-        self.register_buffer("delta_scale", torch.ones((), dtype=dtype))
+            self.head = _ZeroUnpatch2d(embed, channels, patch, grid, split=(0, 1), seed=last, dtype=dtype)
+        zero_(self.head)
+        self._scale_buffer(dtype)
 
     def _check(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """Local (global shapes: the same verdict on every rank). The token grid of a field of ``shape``."""

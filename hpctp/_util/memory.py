@@ -5,8 +5,11 @@ buffers the allocator keeps after they are freed, pages of libraries. :class:`Pe
 instead: a thread reads the resident set size (``/proc/self/statm``) every ``interval`` seconds
 (default 0.5 ms: at least 1 kHz), and, where the kernel allows it, the kernel's own high-water mark
 (``VmHWM``, reset on entry through ``/proc/self/clear_refs``) catches the peak between samples. On a
-GPU, ``torch.cuda.max_memory_allocated`` (reset on entry) is the figure. No MPI; Linux's ``/proc``
-(elsewhere only the CUDA figure and ``resource``'s lifetime peak are available).
+GPU, ``torch.cuda.max_memory_allocated`` (reset on entry) is the figure. With ``tensors=True`` it
+also counts allocation statistics independent of the C allocator: the peak of live CPU tensor bytes
+from torch.profiler's memory events (what the allocator was asked for, without what it keeps
+after frees; the CPU's ``max_memory_allocated``). No MPI; Linux's ``/proc`` (elsewhere only the
+CUDA and tensor figures).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class PeakMemory:
     baseline : int, optional
         Bytes to subtract (e.g. the runtime's own, measured after a warm-up with a tiny model);
         default: the resident set on entry.
+    tensors : bool
+        Also record torch.profiler's memory events (slows the block down; for measurements).
 
     Attributes
     ----------
@@ -72,6 +77,9 @@ class PeakMemory:
         ``max(sampled, kernel)`` minus ``baseline``: what the block added at its peak.
     cuda : int
         ``torch.cuda.max_memory_allocated()`` over the block (0 without CUDA).
+    tensors : int
+        With ``tensors=True``: the peak of live CPU tensor bytes allocated inside the block, above
+        those alive on entry (0 otherwise).
     samples : int
         Samples taken (the sampling rate is ``samples / seconds``).
     seconds : float
@@ -83,10 +91,12 @@ class PeakMemory:
     >>> m.peak / 2**20                    # doctest: +SKIP
     """
 
-    def __init__(self, interval: float = 5e-4, baseline: int | None = None) -> None:
+    def __init__(self, interval: float = 5e-4, baseline: int | None = None, *, tensors: bool = False) -> None:
         self.interval = float(interval)
         self._fixed = baseline
-        self.baseline = self.sampled = self.peak = self.cuda = self.samples = 0
+        self._track = bool(tensors)
+        self._profile: Any = None
+        self.baseline = self.sampled = self.peak = self.cuda = self.samples = self.tensors = 0
         self.kernel: int | None = None
         self.seconds = 0.0
         self._stop = threading.Event()
@@ -111,9 +121,18 @@ class PeakMemory:
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._sample, name="hpctp-peak-memory", daemon=True)
         self._thread.start()
+        if self._track:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._profile.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._profile is not None:
+            self._profile.__exit__(None, None, None)
+            self.tensors = _live_peak(self._profile)
+            self._profile = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -124,3 +143,15 @@ class PeakMemory:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             self.cuda = int(torch.cuda.max_memory_allocated())
+
+
+def _live_peak(prof: Any) -> int:
+    """The peak, over the profile, of CPU tensor bytes allocated minus freed (its ``[memory]`` events in time order)."""
+    events = [
+        e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type().name == "CPU"
+    ]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak

@@ -1,4 +1,4 @@
-"""Command line: ``hpctp info`` and ``hpctp demo`` (run under mpiexec/srun for several ranks)."""
+"""Command line: ``hpctp info``, ``hpctp demo`` (run under mpiexec/srun for several ranks), ``hpctp trace``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--shape", type=int, nargs=2, default=(1001, 777), metavar=("M", "N"))
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--verbose", action="store_true", help="log from every rank")
+    trace = sub.add_parser("trace", help="read the flight recorder's dumps (HPCTP_TRACE / HPCTP_WATCHDOG)")
+    how = trace.add_subparsers(dest="trace_command", required=True)
+    summ = how.add_parser("summarize", help="who waits for whom: stragglers, waiting per rank and operation")
+    summ.add_argument("directory", help="a job directory of rank*.json dumps, or the directory of job-* directories")
+    summ.add_argument("--perfetto", default=None, help="Chrome/Perfetto trace JSON (default: DIR/perfetto.json)")
+    summ.add_argument("--png", default=None, help="also draw the timeline as a PNG (matplotlib)")
+    summ.add_argument("--window", type=float, nargs=2, default=None, metavar=("FROM_MS", "TO_MS"),
+                      help="the PNG's window, in ms from the first recorded call (default: all)")  # fmt: skip
+    rep = how.add_parser("report", help="where the ranks diverge (the watchdog's report, offline)")
+    rep.add_argument("directory")
     args = parser.parse_args(argv)
+
+    if args.command == "trace":  # offline: no collective, whatever the number of ranks
+        from .trace import report_command, summarize_command
+
+        if args.trace_command == "summarize":
+            return summarize_command(args.directory, args.perfetto, args.png, args.window)
+        return report_command(args.directory)
 
     from mpi4py import MPI
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from typing import Any
 
 from mpi4py import MPI
 
 from ..comm import allgather_ints, cuda_aware_reason, gpu_count, local_rank, raise_if_any, select_device
-from ..comm.env import environment_error
+from ..comm.env import DEBUG_VARIABLES, environment_error
 
 __all__ = ["runtime_info", "format_info"]
 
@@ -34,7 +35,9 @@ def runtime_info(comm: Any = None) -> dict[str, Any]:
     """Collective over ``comm``. A dict describing the MPI runtime, backends and GPUs.
 
     ``gpu_per_rank`` lists, for every rank, the device it selects (``-1``: none), so a
-    job can check its one-GPU-per-rank binding.
+    job can check its one-GPU-per-rank binding. The debugging variables (``HPCTP_TRACE``,
+    ``HPCTP_WATCHDOG``, ``HPCTP_CHECK``, ``HPCTP_TRACE_DIR``; see :mod:`hpctp.debug`) are listed
+    with their values on this rank.
     """
     comm = MPI.COMM_WORLD if comm is None else getattr(comm, "comm", comm)
     raise_if_any(comm, environment_error())  # a bad HPCTP_* value on one rank raises on every rank
@@ -64,7 +67,17 @@ def runtime_info(comm: Any = None) -> dict[str, Any]:
         info["h5py_mpi"] = bool(h5py.get_config().mpi)
     except ImportError:
         info["h5py_mpi"] = False
+    for name in DEBUG_VARIABLES:
+        info[name] = os.environ.get(name, "") or _UNSET[name]
     return info
+
+
+_UNSET = {
+    "HPCTP_TRACE": "unset (flight recorder off; N: keep the last N MPI calls per rank, dumps at exit)",
+    "HPCTP_WATCHDOG": "unset (no hang watchdog; seconds: report and end a job waiting that long in one call)",
+    "HPCTP_CHECK": "unset (off; 1: compare each collective's operation, size, dtype and root first)",
+    "HPCTP_TRACE_DIR": "unset (dumps and reports in ./hpctp-trace)",
+}
 
 
 def format_info(info: dict[str, Any]) -> str:

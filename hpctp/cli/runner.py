@@ -20,7 +20,9 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
 
     An exception on one rank prints its traceback with the rank and calls
     ``MPI_Abort`` (when more than one rank runs), so the other ranks never wait
-    forever in a collective the failed rank will not reach.
+    forever in a collective the failed rank will not reach. With the hang watchdog
+    (``HPCTP_WATCHDOG``, :mod:`hpctp.debug`) the failing rank first reports where every
+    rank stands; the watchdog's own reports end the job through the same abort.
 
     Parameters
     ----------
@@ -32,6 +34,10 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     SystemExit
         Always: with ``main``'s status, or 1 after an exception on a single rank.
     """
+    from ..comm import trace
+    from ..debug import watcher
+
+    trace.set_abort(_abort)  # the hang watchdog (hpctp.debug) ends the job through here too
     try:
         code = main()
     except SystemExit:
@@ -43,7 +49,18 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
         sys.stderr.write(f"[rank {world.Get_rank()}/{world.Get_size()}] error:\n{traceback.format_exc()}")
         sys.stderr.flush()
         if world.Get_size() > 1:
-            time.sleep(0.5)  # let the launcher forward the traceback before the job is torn down
-            world.Abort(1)
+            watcher.report_failure()  # with HPCTP_WATCHDOG: where every other rank stands, then the abort below
+            _abort(1)
         sys.exit(1)
+    finally:
+        trace.set_abort(None)
     sys.exit(code)
+
+
+def _abort(code: int) -> None:
+    """Local (ends every rank). ``MPI_Abort`` with ``code``, after the launcher had a moment to forward the output."""
+    from mpi4py import MPI
+
+    sys.stderr.flush()
+    time.sleep(0.5)  # let the launcher forward the traceback before the job is torn down
+    MPI.COMM_WORLD.Abort(code)

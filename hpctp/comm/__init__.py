@@ -2,6 +2,7 @@
 
 from .agree import agree_arguments
 from .buffers import mpi_buffer, nbytes, staging_pool, synchronize
+from .callsite import label as trace_label
 from .collectives import (
     Pending,
     all_true,
@@ -71,6 +72,7 @@ __all__ = [
     "select_device",
     "staging_pool",
     "synchronize",
+    "trace_label",
     "use_device",
     "waitall",
 ]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
+from . import trace as T
 from .collectives import raise_if_any
 
 __all__ = ["agree_arguments", "digest"]
@@ -83,7 +84,12 @@ def agree_arguments(comm: MPI.Intracomm, what: str, error: Exception | None, **a
     names = list(arguments)
     row = np.array([0 if error is None else 1] + [digest(arguments[n]) for n in names], dtype=np.int64)
     table = np.empty((comm.Get_size(), row.size), dtype=np.int64)
-    comm.Allgather(row, table)  # control traffic: not recorded by CommCounter (it counts the data an op moves)
+    # control traffic: not counted by CommCounter (it counts the data an op moves), but a flight-recorder entry
+    # of its own type: it is where a rank that skipped or failed validation leaves the others waiting
+    e = T.begin(comm, "Agree", row.nbytes, row, detail=what) if T.on and comm.Get_size() > 1 else None
+    comm.Allgather(row, table)
+    if e is not None:
+        T.end(e)
     if table[:, 0].any():
         raise_if_any(comm, error)  # every rank sees the same flags, so every rank enters
     differ = [n for i, n in enumerate(names) if (table[:, 1 + i] != table[0, 1 + i]).any()]

@@ -3,7 +3,10 @@
 Each function takes the communicator explicitly, accepts numpy arrays, torch tensors and
 cupy arrays (device memory goes directly to a CUDA-aware MPI, else through pinned host
 staging, see :mod:`hpctp.comm.buffers`) and records its payload in active
-:class:`~hpctp.comm.counter.CommCounter` objects.
+:class:`~hpctp.comm.counter.CommCounter` objects. While the flight recorder runs
+(:mod:`hpctp.comm.trace`), each call is entered before MPI sees it and retired when it
+completes: a blocking call on return, a non-blocking one in :meth:`Pending.wait`,
+:meth:`Pending.test` or :func:`waitall` (the one branch ``if T.on`` when it is off).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._util.backend import Array
+from . import trace as T
 from .buffers import host_buffer, mpi_buffer, nbytes, reduction_buffer
 from .counter import record
 
@@ -48,17 +52,23 @@ _OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 class Pending:
     """Local. A posted non-blocking operation; :meth:`wait` completes it (and unstages buffers)."""
 
-    def __init__(self, request: MPI.Request, stack: contextlib.ExitStack) -> None:
+    def __init__(self, request: MPI.Request, stack: contextlib.ExitStack, entry: T.Entry | None = None) -> None:
         self._request = request
         self._stack = stack
         self._done = False
+        self._entry = entry  # the flight recorder's entry, retired on completion
 
     def wait(self) -> None:
         """Local. Block until the operation is complete; idempotent."""
         if not self._done:
+            e = self._entry
+            if e is not None:
+                T.waiting((e,))
             self._request.Wait()
             self._stack.close()
             self._done = True
+            if e is not None:
+                T.end(e)
 
     def test(self) -> bool:
         """Local. True (and completed) if the operation has finished."""
@@ -67,18 +77,26 @@ class Pending:
         if self._request.Test():
             self._stack.close()
             self._done = True
+            if self._entry is not None:
+                T.end(self._entry)
         return self._done
 
 
 def waitall(pending: Sequence[Pending]) -> None:
     """Local. Wait for every pending operation."""
-    reqs = [p._request for p in pending if not p._done]
-    if reqs:
-        MPI.Request.Waitall(reqs)
-    for p in pending:
-        if not p._done:
-            p._stack.close()
-            p._done = True
+    open_ = [p for p in pending if not p._done]
+    if not open_:
+        return
+    if T.on:
+        traced = [p._entry for p in open_ if p._entry is not None]
+        if traced:
+            T.waiting(traced)
+    MPI.Request.Waitall([p._request for p in open_])
+    for p in open_:
+        p._stack.close()
+        p._done = True
+        if p._entry is not None:
+            T.end(p._entry)
 
 
 def _op(op: str) -> MPI.Op:
@@ -102,13 +120,16 @@ def allreduce(comm: MPI.Intracomm, x: Array, op: str = "sum") -> Array:
     mpi_op = _op(op)
     size = comm.Get_size()
     if size > 1:
+        n = nbytes(x)
+        e = T.begin(comm, "Allreduce", n, x) if T.on else None
         host = host_buffer(x)  # (the common case without a context manager: a layer's all-reduce per call)
         if host is not None:
             comm.Allreduce(MPI.IN_PLACE, host, op=mpi_op)
         else:
             with reduction_buffer(x, write=True) as buf:
                 comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
-        n = nbytes(x)
+        if e is not None:
+            T.end(e)
         record(comm, "Allreduce", n, n, 1)
     return x
 
@@ -117,9 +138,12 @@ def bcast(comm: MPI.Intracomm, x: Array, root: int = 0) -> Array:
     """Collective over ``comm``. Broadcast ``x`` from ``root`` in place; returns ``x``."""
     size, rank = comm.Get_size(), comm.Get_rank()
     if size > 1:
+        n = nbytes(x)
+        e = T.begin(comm, "Bcast", n, x, root=root) if T.on else None
         with mpi_buffer(x, read=rank == root, write=rank != root) as buf:
             comm.Bcast(buf, root=root)
-        n = nbytes(x)
+        if e is not None:
+            T.end(e)
         if rank == root:
             record(comm, "Bcast", n * (size - 1), 0, size - 1)
         else:
@@ -136,36 +160,41 @@ def ibcast(comm: MPI.Intracomm, x: Array, root: int = 0) -> Pending:
         Call ``wait()`` before reading ``x`` (non-roots) or changing it (root).
     """
     size, rank = comm.Get_size(), comm.Get_rank()
+    n = nbytes(x)
+    e = T.begin(comm, "Ibcast", n, x, root=root, blocking=False) if T.on and size > 1 else None
     stack = contextlib.ExitStack()
     buf = stack.enter_context(mpi_buffer(x, read=rank == root, write=rank != root))
     req = comm.Ibcast(buf, root=root)
-    n = nbytes(x)
     if size > 1:
         if rank == root:
             record(comm, "Ibcast", n * (size - 1), 0, size - 1)
         else:
             record(comm, "Ibcast", 0, n, 0)
-    return Pending(req, stack)
+    return Pending(req, stack, e)
 
 
 def isend(comm: MPI.Comm, x: Array, dest: int, tag: int = 0) -> Pending:
     """Local (point-to-point). Start sending contiguous ``x`` to ``dest``."""
+    other = dest != comm.Get_rank()
+    e = T.begin(comm, "Isend", nbytes(x), x, peer=dest, tag=tag, p2p=True, blocking=False) if T.on and other else None
     stack = contextlib.ExitStack()
     buf = stack.enter_context(mpi_buffer(x, read=True, write=False))
     req = comm.Isend(buf, dest=dest, tag=tag)
-    if dest != comm.Get_rank():
+    if other:
         record(comm, "Isend", nbytes(x), 0, 1)
-    return Pending(req, stack)
+    return Pending(req, stack, e)
 
 
 def irecv(comm: MPI.Comm, x: Array, source: int, tag: int = 0) -> Pending:
     """Local (point-to-point). Start receiving into contiguous ``x`` from ``source``."""
+    other = source != comm.Get_rank()
+    e = T.begin(comm, "Irecv", nbytes(x), x, peer=source, tag=tag, p2p=True, blocking=False) if T.on and other else None
     stack = contextlib.ExitStack()
     buf = stack.enter_context(mpi_buffer(x, read=False, write=True))
     req = comm.Irecv(buf, source=source, tag=tag)
-    if source != comm.Get_rank():
+    if other:
         record(comm, "Irecv", 0, nbytes(x), 0)
-    return Pending(req, stack)
+    return Pending(req, stack, e)
 
 
 def _displs(counts: Sequence[int]) -> list[int]:
@@ -197,9 +226,12 @@ def alltoallv(
     rank = comm.Get_rank()
     sc = [int(c) for c in sendcounts]
     rc = [int(c) for c in recvcounts]
+    item = _itemsize(sendbuf)
+    e = T.begin(comm, "Alltoallv", sum(sc) * item, sendbuf, compare_size=False) if T.on else None
     with mpi_buffer(sendbuf, read=True) as sb, mpi_buffer(recvbuf, read=False, write=True) as rb:
         comm.Alltoallv([sb, (sc, _displs(sc))], [rb, (rc, _displs(rc))])
-    item = _itemsize(sendbuf)
+    if e is not None:
+        T.end(e)
     sent, msgs = _others(sc, rank)
     recv, _ = _others(rc, rank)
     record(comm, "Alltoallv", sent * item, recv * item, msgs)
@@ -213,6 +245,7 @@ def gatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array | None, counts: 
     """Collective over ``comm``. Gather flat ``sendbuf`` pieces of ``counts[r]`` elements at ``root``."""
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]
+    e = T.begin(comm, "Gatherv", sum(c) * _itemsize(sendbuf), sendbuf, root=root) if T.on and size > 1 else None
     with contextlib.ExitStack() as stack:
         sb = stack.enter_context(mpi_buffer(sendbuf, read=True))
         if rank == root:
@@ -220,6 +253,8 @@ def gatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array | None, counts: 
             comm.Gatherv(sb, [rb, (c, _displs(c))], root=root)
         else:
             comm.Gatherv(sb, None, root=root)
+    if e is not None:
+        T.end(e)
     if size > 1:
         item = _itemsize(sendbuf)
         if rank == root:
@@ -233,8 +268,11 @@ def allgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Sequ
     """Collective over ``comm``. Every rank receives all ``counts[r]``-element pieces, in rank order."""
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]
+    e = T.begin(comm, "Allgatherv", sum(c) * _itemsize(recvbuf), recvbuf) if T.on and size > 1 else None
     with mpi_buffer(sendbuf, read=True) as sb, mpi_buffer(recvbuf, read=False, write=True) as rb:
         comm.Allgatherv(sb, [rb, (c, _displs(c))])
+    if e is not None:
+        T.end(e)
     if size > 1:
         item = _itemsize(sendbuf)
         recv, _ = _others(c, rank)
@@ -262,13 +300,15 @@ def iallreduce(comm: MPI.Intracomm, x: Array, op: str = "sum") -> Pending:
         On an unknown ``op`` or a non-contiguous ``x``.
     """
     mpi_op = _op(op)
+    multi = comm.Get_size() > 1
+    e = T.begin(comm, "Iallreduce", nbytes(x), x, blocking=False) if T.on and multi else None
     stack = contextlib.ExitStack()
     buf = stack.enter_context(reduction_buffer(x, write=True))
     req = comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op)
-    if comm.Get_size() > 1:
+    if multi:
         n = nbytes(x)
         record(comm, "Iallreduce", n, n, 1)
-    return Pending(req, stack)
+    return Pending(req, stack, e)
 
 
 def ireduce_scatter(
@@ -303,6 +343,9 @@ def ireduce_scatter(
     mpi_op = _op(op)
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]
+    e = None
+    if T.on and size > 1:
+        e = T.begin(comm, "Ireduce_scatter", sum(c) * _itemsize(sendbuf), sendbuf, blocking=False)
     stack = contextlib.ExitStack()
     sb = stack.enter_context(reduction_buffer(sendbuf, write=False))
     rb = stack.enter_context(reduction_buffer(recvbuf, write=True))
@@ -311,7 +354,7 @@ def ireduce_scatter(
         item = _itemsize(sendbuf)
         sent, msgs = _others(c, rank)
         record(comm, "Ireduce_scatter", sent * item, c[rank] * item * (size - 1), msgs)
-    return Pending(req, stack)
+    return Pending(req, stack, e)
 
 
 def iallgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Sequence[int]) -> Pending:
@@ -339,6 +382,9 @@ def iallgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Seq
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]
+    e = None
+    if T.on and size > 1:
+        e = T.begin(comm, "Iallgatherv", sum(c) * _itemsize(recvbuf), recvbuf, blocking=False)
     stack = contextlib.ExitStack()
     sb = stack.enter_context(mpi_buffer(sendbuf, read=True))
     rb = stack.enter_context(mpi_buffer(recvbuf, read=False, write=True))
@@ -347,13 +393,14 @@ def iallgatherv(comm: MPI.Intracomm, sendbuf: Array, recvbuf: Array, counts: Seq
         item = _itemsize(sendbuf) if _size(sendbuf) else _itemsize(recvbuf)
         recv, _ = _others(c, rank)
         record(comm, "Iallgatherv", c[rank] * item * (size - 1), recv * item, size - 1 if c[rank] else 0)
-    return Pending(req, stack)
+    return Pending(req, stack, e)
 
 
 def scatterv(comm: MPI.Intracomm, sendbuf: Array | None, counts: Sequence[int], recvbuf: Array, root: int = 0) -> None:
     """Collective over ``comm``. ``root`` sends ``counts[r]`` consecutive elements of ``sendbuf`` to rank ``r``."""
     rank, size = comm.Get_rank(), comm.Get_size()
     c = [int(v) for v in counts]
+    e = T.begin(comm, "Scatterv", sum(c) * _itemsize(recvbuf), recvbuf, root=root) if T.on and size > 1 else None
     with contextlib.ExitStack() as stack:
         rb = stack.enter_context(mpi_buffer(recvbuf, read=False, write=True))
         if rank == root:
@@ -361,6 +408,8 @@ def scatterv(comm: MPI.Intracomm, sendbuf: Array | None, counts: Sequence[int], 
             comm.Scatterv([sb, (c, _displs(c))], rb, root=root)
         else:
             comm.Scatterv(None, rb, root=root)
+    if e is not None:
+        T.end(e)
     if size > 1:
         item = _itemsize(recvbuf)
         if rank == root:
@@ -379,7 +428,10 @@ def allgather_ints(comm: MPI.Intracomm, values: Sequence[int]) -> np.ndarray:
     """Collective over ``comm``. Gather ``k`` int64 values from every rank: shape ``(size, k)``."""
     mine = np.asarray(values, dtype=np.int64).reshape(-1)
     out = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
+    e = T.begin(comm, "Allgather", mine.nbytes, mine) if T.on and comm.Get_size() > 1 else None
     comm.Allgather(mine, out)
+    if e is not None:
+        T.end(e)
     if comm.Get_size() > 1:
         record(comm, "Allgather", mine.nbytes * (comm.Get_size() - 1), out.nbytes - mine.nbytes, 1)
     return out
@@ -448,7 +500,10 @@ def raise_if_any(comm: MPI.Intracomm, error: Exception | None) -> None:
 
 def barrier(comm: MPI.Intracomm) -> None:
     """Collective over ``comm``. Synchronise all ranks."""
+    e = T.begin(comm, "Barrier", 0) if T.on and comm.Get_size() > 1 else None
     comm.Barrier()
+    if e is not None:
+        T.end(e)
 
 
 def slowest_seconds(comm: MPI.Intracomm, fn: Callable[[], object]) -> float:
@@ -465,7 +520,7 @@ def slowest_seconds(comm: MPI.Intracomm, fn: Callable[[], object]) -> float:
     float
         The largest time over the ranks, the same on every rank.
     """
-    comm.Barrier()
+    barrier(comm)
     t = time.perf_counter()
     fn()
     slowest = np.array([time.perf_counter() - t])

@@ -6,6 +6,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from . import trace as T
 from .collectives import raise_if_any
 from .env import device_setting
 
@@ -15,7 +16,10 @@ __all__ = ["local_rank", "gpu_count", "select_device", "current_device", "use_de
 def local_rank(comm: Any) -> tuple[int, int]:
     """Collective over ``comm``. ``(rank, size)`` among the ranks of ``comm`` on this node."""
     comm = getattr(comm, "comm", comm)
+    e = T.begin(comm, "Comm_split_type", 0) if T.on and comm.Get_size() > 1 else None
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    if e is not None:
+        T.end(e)
     try:
         return node.Get_rank(), node.Get_size()
     finally:

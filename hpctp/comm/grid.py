@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
 from .._util.ints import is_int
 from ..layout import grid_coords
+from . import trace as T
 from .agree import agree_arguments
 from .env import environment_error
+
+_C = TypeVar("_C")
+
+
+def _created(parent: MPI.Comm, op: str, make: Callable[[], _C]) -> _C:
+    """Collective over ``parent``. ``make()``, a communicator creation, entered in the flight recorder."""
+    e = T.begin(parent, op, 0) if T.on and parent.Get_size() > 1 else None
+    made = make()
+    if e is not None:
+        T.end(e)
+    return made
+
 
 __all__ = ["ProcessGrid", "check_grid"]
 
@@ -32,7 +46,9 @@ def _agreed_shape(
         error = environment_error()  # a bad HPCTP_* setting surfaces here, on every rank
     except (TypeError, ValueError) as e:
         error = e
-    agree_arguments(comm, "ProcessGrid", error, dims=shape, periods=per)
+    s = T.settings()  # a watchdog or a mismatch check on some ranks only would itself hang: agree on them
+    debug = {"HPCTP_WATCHDOG": s.watchdog, "HPCTP_CHECK": s.check, "HPCTP_TRACE_DIR": s.directory}
+    agree_arguments(comm, "ProcessGrid", error, dims=shape, periods=per, environment=debug)
     return shape, per
 
 
@@ -108,10 +124,13 @@ class ProcessGrid:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
-        dup = comm.Dup()
+        dup = _created(comm, "Comm_dup", comm.Dup)
+        dup.Set_name("hpctp.grid.setup")
         try:
             self.dims, self.periods = _agreed_shape(dup, dims, periods)
-            self.comm: MPI.Cartcomm = dup.Create_cart(list(self.dims), periods=list(self.periods), reorder=False)
+            self.comm: MPI.Cartcomm = _created(
+                dup, "Cart_create", lambda: dup.Create_cart(list(self.dims), periods=list(self.periods), reorder=False)
+            )
         finally:
             dup.Free()
         self.ndim: int = len(self.dims)
@@ -125,9 +144,10 @@ class ProcessGrid:
         self._axes_comms: dict[tuple[int, ...], MPI.Intracomm] = {}
         for axis in range(self.ndim):
             remain = [a == axis for a in range(self.ndim)]
-            sub = self.comm.Sub(remain)
+            sub = _created(self.comm, "Cart_sub", lambda: self.comm.Sub(remain))  # noqa: B023 - called at once
             sub.Set_name(f"hpctp.grid.axis{axis}")
             self._subs[axis] = sub
+        T.grid_built(self)  # the first grid arms HPCTP_CHECK and starts the watchdog (hpctp.debug)
 
     # ------------------------------------------------------------------ local queries
     def sub(self, axis: int) -> MPI.Cartcomm:
@@ -175,9 +195,9 @@ class ProcessGrid:
             return cached
         made: MPI.Intracomm
         if key:
-            made = self.comm.Sub([a in key for a in range(self.ndim)])
+            made = _created(self.comm, "Cart_sub", lambda: self.comm.Sub([a in key for a in range(self.ndim)]))
         else:  # (some MPICH versions give COMM_NULL for a Cart_sub that keeps no dims)
-            made = self.comm.Split(self.rank, 0)  # type: ignore[assignment]  # (an Intracomm: mpi4py types it Comm)
+            made = _created(self.comm, "Comm_split", lambda: self.comm.Split(self.rank, 0))  # type: ignore[assignment]
         made.Set_name(f"hpctp.grid.axes{''.join(map(str, key))}")
         self._axes_comms[key] = made
         return made

@@ -10,12 +10,14 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from . import tags
+from . import trace as T
 from .collectives import bcast, bcast_ints
 from .counter import record
 
 __all__ = ["TURN_TAG", "wait_turn", "pass_turn", "bcast_bytes"]
 
-TURN_TAG = 0x4844  # "HD": the token of serialised HDF5 writes; never used by other hpctp messages
+TURN_TAG = tags.TURN  # the token of serialised HDF5 writes (the table of every tag: hpctp.comm.tags)
 
 
 def wait_turn(comm: MPI.Intracomm, tag: int = TURN_TAG) -> bool:
@@ -40,7 +42,10 @@ def wait_turn(comm: MPI.Intracomm, tag: int = TURN_TAG) -> bool:
     if rank == 0:
         return True
     token = np.zeros(1, dtype=np.int64)
+    e = T.begin(comm, "Recv", token.nbytes, token, peer=rank - 1, tag=tag, p2p=True) if T.on else None
     comm.Recv(token, source=rank - 1, tag=tag)
+    if e is not None:
+        T.end(e)
     record(comm, "Recv", 0, token.nbytes, 0)
     return bool(token[0])
 
@@ -60,7 +65,10 @@ def pass_turn(comm: MPI.Intracomm, ok: bool, tag: int = TURN_TAG) -> None:
     if rank + 1 >= size:
         return
     token = np.array([1 if ok else 0], dtype=np.int64)
+    e = T.begin(comm, "Send", token.nbytes, token, peer=rank + 1, tag=tag, p2p=True) if T.on else None
     comm.Send(token, dest=rank + 1, tag=tag)
+    if e is not None:
+        T.end(e)
     record(comm, "Send", token.nbytes, 0, 1)
 
 

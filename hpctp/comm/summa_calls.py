@@ -12,6 +12,7 @@ import contextlib
 from mpi4py import MPI
 
 from .._util.backend import Array
+from . import trace as T
 from .buffers import nbytes, reduction_buffer
 from .collectives import Pending, _op
 from .counter import record
@@ -56,12 +57,15 @@ def reduce(comm: MPI.Intracomm, x: Array, root: int = 0, op: str = "sum") -> Arr
     """
     mpi_op = _op(op)
     if comm.Get_size() > 1:
+        e = T.begin(comm, "Reduce", nbytes(x), x, root=root) if T.on else None
         if comm.Get_rank() == root:
             with reduction_buffer(x, write=True) as buf:
                 comm.Reduce(MPI.IN_PLACE, buf, op=mpi_op, root=root)
         else:
             with reduction_buffer(x, write=False) as buf:
                 comm.Reduce(buf, None, op=mpi_op, root=root)
+        if e is not None:
+            T.end(e)
         _record(comm, "Reduce", x, root)
     return x
 
@@ -88,6 +92,7 @@ def ireduce(comm: MPI.Intracomm, x: Array, root: int = 0, op: str = "sum") -> Pe
         On an unknown ``op`` or a non-contiguous ``x``.
     """
     mpi_op = _op(op)
+    e = T.begin(comm, "Ireduce", nbytes(x), x, root=root, blocking=False) if T.on and comm.Get_size() > 1 else None
     stack = contextlib.ExitStack()
     is_root = comm.Get_rank() == root
     buf = stack.enter_context(reduction_buffer(x, write=is_root))
@@ -96,4 +101,4 @@ def ireduce(comm: MPI.Intracomm, x: Array, root: int = 0, op: str = "sum") -> Pe
     else:
         req = comm.Ireduce(buf, None, op=mpi_op, root=root)
     _record(comm, "Ireduce", x, root)
-    return Pending(req, stack)
+    return Pending(req, stack, e)

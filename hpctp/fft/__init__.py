@@ -5,7 +5,7 @@
 per moved grid axis and the blocks' own FFT library; :func:`radial_spectrum` bins a field's
 power spectrum in shells of ``|k|`` (the energy spectrum E(k)); :func:`frequencies` gives
 each rank the frequencies of its block of a spectrum (derivatives, solvers, filters). For the Fourier layers of a neural
-operator, which keep a few modes only, see :mod:`hpctp.nn.fourier` (no redistribution).
+operator, which keep a few modes only, see :mod:`hpctp.nn.spectral.fourier` (no redistribution).
 """
 
 from .freqs import frequencies, hermitian_weights, wavenumbers

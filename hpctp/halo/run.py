@@ -12,6 +12,7 @@ from typing import Any
 from .. import comm as C
 from .._util.backend import Array, copy_into, empty_like_backend, from_bytes, is_torch
 from ..comm import pool as P
+from ..comm import tags
 from ..layout import grid_coords
 from ..ops.transfer import itemsize
 from .plan import FetchPlan, Piece
@@ -29,8 +30,8 @@ __all__ = [
     "fetch",
 ]
 
-TAG = 0x4A10
-ADJOINT_TAG = 0x4A11
+TAG = tags.HALO
+ADJOINT_TAG = tags.HALO_ADJOINT
 
 
 def _flip(a: Array, axes: tuple[int, ...]) -> Array:
@@ -206,9 +207,10 @@ def begin_fetch(
         out = empty_like_backend(plan.shape, block.dtype, block)
     held: list[Array] = []  # (pooled message buffers, released by wait)
     recvs = [(m, _buffer(m.size, block, held)) for m in plan.recvs]
-    pending = [C.irecv(comm, buf, m.peer, TAG) for m, buf in recvs]
-    for m in plan.sends:
-        pending.append(C.isend(comm, _pack(block, m.pieces, "src", False, held), m.peer, TAG))
+    with C.trace_label("halo", block=block):  # (the block's size explains a late halo in `hpctp trace summarize`)
+        pending = [C.irecv(comm, buf, m.peer, TAG) for m, buf in recvs]
+        for m in plan.sends:
+            pending.append(C.isend(comm, _pack(block, m.pieces, "src", False, held), m.peer, TAG))
     for sl in plan.fills:
         _fill(out[sl], fill)
     for p in plan.local:

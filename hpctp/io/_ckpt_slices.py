@@ -45,8 +45,8 @@ from .hdf5 import create_dataset, open_for_read, read_block, write_block
 if TYPE_CHECKING:
     import torch
 
-    from ..nn._sharded_bucket import Bucket
-    from ..nn.sharded import ShardedDataParallel
+    from ..nn.distributed._bucket import Bucket
+    from ..nn.distributed.sharded import ShardedDataParallel
 
 __all__ = ["save_slices", "load_slices"]
 
@@ -97,7 +97,7 @@ class _Plan:
     def __init__(self, sdp: ShardedDataParallel, optimizer: torch.optim.Optimizer | None) -> None:
         import torch
 
-        from ..nn._sharded_state import state_kinds
+        from ..nn.distributed._optimizer_state import state_kinds
 
         self.sdp = sdp
         plan = sdp.plan

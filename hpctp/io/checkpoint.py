@@ -54,7 +54,7 @@ from .hdf5 import create_dataset, open_for_read, write_block
 if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io
     import torch
 
-    from ..nn.sharded import ShardedDataParallel
+    from ..nn.distributed.sharded import ShardedDataParallel
 
 __all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
 
@@ -163,7 +163,9 @@ def save_checkpoint(
 
 def _sharded(model: object, grid: ProcessGrid) -> ShardedDataParallel | None:
     """Collective over grid. ``model`` if it is a ShardedDataParallel of ``grid`` (checked on every rank), else None."""
-    from ..nn.sharded import ShardedDataParallel  # here: hpctp.nn loads torch, which importing hpctp.io does not
+    from ..nn.distributed.sharded import (
+        ShardedDataParallel,  # here: hpctp.nn loads torch, which importing hpctp.io does not
+    )
 
     if not isinstance(model, ShardedDataParallel):
         return None

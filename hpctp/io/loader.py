@@ -16,7 +16,7 @@ from ..tensor.core import DistTensor
 from .dataset import FieldDataset
 
 if TYPE_CHECKING:  # (hpctp.nn imports torch; the loader does not need it)
-    from ..nn.plan import ParallelPlan
+    from ..nn.distributed.plan import ParallelPlan
 
 __all__ = ["FieldLoader"]
 

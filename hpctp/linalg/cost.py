@@ -37,7 +37,7 @@ schedule. The model is the alpha-beta-gamma one of :class:`hpctp.linalg.cost.Mac
 message of ``b`` bytes costs ``alpha + beta * b`` seconds, a flop ``gamma``. Figures are those of
 the busiest rank, forward plus (with ``backward``) backward.
 
-* **ring** (:func:`hpctp.nn.context_parallel.attention`, ``schedule="ring"``): over a token
+* **ring** (:func:`hpctp.nn.transformer.context_parallel.attention`, ``schedule="ring"``): over a token
   sub-grid of ``P`` ranks holding ``n_m`` keys each (``T = sum n_m``), a rank sends every block
   but its successor's in the forward pass, ``(T - n_succ) * bh * (D + Dv) * itemsize`` bytes in
   ``P - 1`` messages (``bh``: its batch x heads), and in the backward pass the blocks again plus
@@ -560,7 +560,7 @@ class AttentionCost:
         Bytes the busiest rank sends (what :class:`hpctp.CommCounter` reports for the ring).
     messages : int
         Messages the busiest rank sends; for the ring, blocks (each travels in up to
-        ``hpctp.nn.context_parallel.RING_PIECES`` pieces forward and ``RING_PIECES_BACKWARD``
+        ``hpctp.nn.transformer.context_parallel.RING_PIECES`` pieces forward and ``RING_PIECES_BACKWARD``
         backward, so the latency term undercounts large blocks by that factor: it is small beside
         the bytes').
     flops : float

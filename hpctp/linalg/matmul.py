@@ -105,7 +105,7 @@ def matmul(
     DistTensor
         ``C`` (``m x n``) split ``(0, 1)``, same backend and dtype as the inputs. Its row
         blocks follow ``op(a)``'s when C stays in place (and its column blocks ``op(b)``'s),
-        otherwise they are balanced. Not differentiable; see :mod:`hpctp.nn.linear`.
+        otherwise they are balanced. Not differentiable; see :mod:`hpctp.nn.transformer.linear`.
 
     Raises
     ------

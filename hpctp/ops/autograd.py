@@ -180,10 +180,7 @@ def allreduce_sum(x: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None
     ValueError
         If ``axes`` is invalid.
     """
-    check_grid(grid)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    return AllReduceSum.apply(x, comms_for_axes(grid, axes))
+    return AllReduceSum.apply(x, _tensor_comms(x, grid, axes))
 
 
 def sum_gradients(x: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
@@ -212,10 +209,15 @@ def sum_gradients(x: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None
     ValueError
         If ``axes`` is invalid.
     """
+    return SumGradients.apply(x, _tensor_comms(x, grid, axes))
+
+
+def _tensor_comms(x: object, grid: ProcessGrid, axes: Sequence[int] | None) -> Comms:
+    """The sub-communicators of ``axes``, once ``grid`` and ``x`` are checked (the two adjoint collectives' checks)."""
     check_grid(grid)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    return SumGradients.apply(x, comms_for_axes(grid, axes))
+    return comms_for_axes(grid, axes)
 
 
 class Redistribute(torch.autograd.Function):

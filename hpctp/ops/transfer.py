@@ -67,7 +67,8 @@ def redistribute_block(local: Array, grid: ProcessGrid, src: Layout, dst: Layout
         try:
             sendbuf = pack_into(send_pool, [flip(local[p.slices], rev) for p in plan.sends], local)
             recvbuf = recv_pool[: sum(recvcounts)]
-            C.alltoallv(grid.comm, sendbuf, sendcounts, recvbuf, recvcounts)
+            with C.trace_label("redistribute {}->{}", src.split, dst.split):  # (formatted only while tracing)
+                C.alltoallv(grid.comm, sendbuf, sendcounts, recvbuf, recvcounts)
             offset = 0
             for p in plan.recvs:  # (in the senders' packing order)
                 n = p.size * item

@@ -4,8 +4,9 @@ The planning half is pure (no torch, no MPI; import-linter's ``pipeline-planning
 so), one concept per module: the IR of actions (``_actions.py``), the schedules and their builders
 (``schedules.py``), the lowering pass that adds the messages (``_lowering.py``), the validator
 (``_validate.py``), the dry-run simulator (``_simulate.py``) and the stage balancer (``_balance.py``).
-A schedule is computed once by :func:`pipeline_schedule`, the same on every rank, and validated; a
-runtime then executes :meth:`Schedule.actions` of its rank in order.
+A schedule is computed once by :func:`pipeline_schedule`, the same on every rank, and validated; the
+runtime (:class:`PipelineParallel`, ``runtime.py``: messages in ``_messages.py``, the zero-bubble split of
+backward in ``_split_backward.py``) executes :meth:`Schedule.actions` of its rank in order.
 """
 
 from ._actions import Action, ActionKind, format_table
@@ -13,6 +14,7 @@ from ._balance import balanced_cuts
 from ._lowering import add_messages, strip_messages
 from ._simulate import Span, Timeline, simulate
 from ._validate import validate
+from .runtime import RECEIVE_AHEAD, PipelineParallel
 from .schedules import SCHEDULES, Schedule, pipeline_schedule
 
 __all__ = [
@@ -35,4 +37,7 @@ __all__ = [
     "simulate",
     # _balance.py
     "balanced_cuts",
+    # runtime.py
+    "PipelineParallel",
+    "RECEIVE_AHEAD",
 ]

@@ -1,0 +1,133 @@
+"""Backward in two passes for zero-bubble schedules: the input gradient now (``B``), the weight gradients later (``W``).
+
+[Note: split backward] ``torch.autograd.grad(outputs, inputs=[stage input])`` computes only what the input's
+gradient needs: an operation on the path from the outputs to the stage's input computes its input gradients
+and skips its weights' (autograd computes the outputs of a node that some requested input needs). Those
+operations are the *boundary* nodes: on the input path, with a child off it that leads to parameters (for a
+linear layer, its ``addmm``). ``B`` captures the gradient flowing into each boundary node (a pre-hook) while
+it computes the input gradient, with the graph kept. ``W`` then runs, from each boundary node with its
+captured gradient (a :class:`torch.autograd.graph.GradientEdge`), a backward restricted to the parameters
+reached from it without re-entering the input path, so no gradient is computed twice and every
+parameter's gradient is accumulated in its ``.grad`` (post-accumulate hooks run: ShardedDataParallel's
+messages start). A stage whose input needs no gradient (the first) computes everything in ``W``. Regions
+recomputed by activation checkpointing are one node to the outer graph: their weights' gradients come in
+``B``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd.graph import GradientEdge
+
+__all__ = ["backward_input"]
+
+Node = Any
+
+
+def _node(t: torch.Tensor) -> Node:
+    """The autograd node a tensor's gradient flows into (a leaf's AccumulateGrad)."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    view: Any = t.view_as(t).grad_fn
+    return view.next_functions[0][0]
+
+
+def _graph(outputs: Sequence[torch.Tensor]) -> tuple[list[Node], dict[Node, list[Node]]]:
+    """Every node reachable from ``outputs``, and each node's children."""
+    order: list[Node] = []
+    children: dict[Node, list[Node]] = {}
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        n = stack.pop()
+        if n in children:
+            continue
+        kids = [f for f, _ in n.next_functions if f is not None]
+        children[n] = kids
+        order.append(n)
+        stack.extend(kids)
+    return order, children
+
+
+def _reaching(order: list[Node], children: dict[Node, list[Node]], targets: set[Node]) -> set[Node]:
+    """The nodes from which some node of ``targets`` is reachable (themselves included): a walk up the edges."""
+    parents: dict[Node, list[Node]] = {}
+    for n in order:
+        for c in children[n]:
+            parents.setdefault(c, []).append(n)
+    found = set(targets)
+    stack = list(targets)
+    while stack:
+        for p in parents.get(stack.pop(), ()):
+            if p not in found:
+                found.add(p)
+                stack.append(p)
+    return found
+
+
+def backward_input(
+    outputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> tuple[list[torch.Tensor | None], Callable[[], None]]:  # fmt: skip
+    """Local. The gradients of ``inputs`` now, and a function computing the weight gradients later.
+
+    Parameters
+    ----------
+    outputs, grads : sequences of torch.Tensor
+        The stage's outputs and the gradients arriving for them (None: a scalar loss's 1).
+    inputs : sequence of torch.Tensor
+        The stage's inputs (those without ``requires_grad`` get None).
+    params : sequence of torch.Tensor
+        The stage's trainable parameters.
+
+    Returns
+    -------
+    list of (torch.Tensor or None)
+        The inputs' gradients.
+    callable
+        ``W``: accumulates every parameter's gradient into its ``.grad`` (once; frees the graph's use).
+    """
+    wanted = [t for t in inputs if t.requires_grad]
+    order, children = _graph(outputs)
+    on_input = _reaching(order, children, {_node(t) for t in wanted})
+    by_node = {_node(p): p for p in params if p.requires_grad}
+    to_params = _reaching(order, children, set(by_node))
+    boundary = [n for n in order if n in on_input and any(c not in on_input and c in to_params for c in children[n])]
+    captured: dict[Node, tuple[torch.Tensor | None, ...]] = {}
+    hooks = [n.register_prehook(lambda g, n=n: captured.__setitem__(n, g)) for n in boundary]
+    try:
+        found = list(torch.autograd.grad(outputs, wanted, grads, retain_graph=True)) if wanted else []
+    finally:
+        for h in hooks:
+            h.remove()
+    per_input = iter(found)
+    dinputs = [next(per_input) if t.requires_grad else None for t in inputs]
+
+    def owned(n: Node) -> list[torch.Tensor]:
+        """The parameters reached from ``n`` without entering the input path again."""
+        out, seen, stack = [], set(), [c for c in children[n] if c not in on_input]
+        while stack:
+            c = stack.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            if c in by_node:
+                out.append(by_node[c])
+            stack.extend(k for k in children.get(c, []) if k not in on_input)
+        return out
+
+    def weights() -> None:
+        for n in boundary:
+            edges = [(GradientEdge(n, k), g) for k, g in enumerate(captured.get(n, ())) if g is not None]
+            mine = owned(n)
+            if edges and mine:
+                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], inputs=mine, retain_graph=True)
+        if not wanted:  # the first stage: nothing ran in B
+            roots = [(o, g) for o, g in zip(outputs, grads) if o.grad_fn is not None]
+            mine = [p for p in params if p.requires_grad]
+            if roots and mine:
+                torch.autograd.backward([o for o, _ in roots], [g for _, g in roots], inputs=mine)  # type: ignore[misc]
+
+    return dinputs, weights

@@ -1,0 +1,580 @@
+"""Running a pipeline schedule: :class:`PipelineParallel`, the model cut into stages along the plan's pipeline axis.
+
+Construction cuts the layers into ``p * v`` stages (explicit cut points, or balanced by cost:
+:func:`~hpctp.nn.pipeline_parallel.balanced_cuts` over each layer's measured time and saved activations
+from one profiling pass of a ``sample``, or its parameter count without one), keeps the stages of this
+rank (stage ``s`` on pipeline rank ``s % p``), materializes them if the model was built on the meta
+device (walking every layer in construction order, so the values are one process's: the other ranks'
+layers are materialized on the side only to draw the same random numbers, and dropped), and optionally
+wraps each in :class:`~hpctp.nn.ShardedDataParallel` over the data axes.
+
+:meth:`PipelineParallel.step` runs the schedule's actions for this rank
+(:meth:`~hpctp.nn.pipeline_parallel.Schedule.actions`) one at a time through a table of handlers, one per
+action kind. Receives are posted a few actions ahead (their description known), sends are non-blocking
+and completed at the end of the step. The global batch's loss is the sum over micro-batches of each
+micro-batch's loss (a mean over its global samples, as :func:`hpctp.nn.global_mse_loss` computes)
+weighted by its share of the batch, so uneven micro-batches and data groups give one process's loss and
+gradients; gradients are summed over micro-batches, never averaged. A failing action re-raises with the
+rank, the action and the schedule table; :func:`hpctp.cli.run_main` then ends the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from ... import comm as C
+from ..._util.ints import is_int
+from ...comm import Pending, tags
+from ...layout import block_range
+from ...tensor.core import DistTensor
+from ..distributed.plan import ParallelPlan
+from ..distributed.sharded import ShardedDataParallel
+from ..init import seeded
+from ..materialize import has_meta, materialize_modules, meta_problems, reset_order
+from ._actions import Action, ActionKind
+from ._balance import balanced_cuts
+from ._messages import Described, describe, receive_description, send_description
+from ._split_backward import backward_input
+from .schedules import Schedule, pipeline_schedule
+
+__all__ = ["PipelineParallel", "RECEIVE_AHEAD"]
+
+RECEIVE_AHEAD = 3
+"""How many actions ahead a receive is posted (once its activation's description is known). Earlier
+posting lets a large message land while this rank computes; each posted receive holds its buffer."""
+
+_K = ActionKind
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class PipelineParallel(torch.nn.Module):
+    """Collective over grid. A model cut by its layers into stages along ``plan``'s pipeline axis.
+
+    Parameters
+    ----------
+    layers : torch.nn.Sequential or sequence of torch.nn.Module
+        The model as a chain of layers, each taking the previous one's output (a tensor or a
+        :class:`~hpctp.DistTensor` on ``plan.model_grid``), built on ``plan.model_grid`` on every rank,
+        identically, or on the ``meta`` device (then no rank ever holds more than its stages).
+    plan : ParallelPlan
+        With a pipeline axis of ``p`` ranks (a plan without one runs every stage on each rank).
+    schedule : {"gpipe", "1f1b", "interleaved", "zero_bubble"}
+        :func:`~hpctp.nn.pipeline_parallel.pipeline_schedule`.
+    microbatches : int
+        ``m``: each data group's share of a batch is cut into ``m`` micro-batches (uneven allowed).
+    virtual : int
+        ``v``: stages per rank (``"interleaved"`` only): ``p * v`` stages.
+    cuts : sequence of int, optional
+        ``p * v + 1`` layer indices from 0 to ``len(layers)``, strictly increasing: stage ``s`` runs layers
+        ``cuts[s]:cuts[s + 1]``. Default: balanced (see the module docstring).
+    sample : tensor or DistTensor, optional
+        A micro-batch's input for the profiling pass that balances the stages (a real model only).
+    zero : {0, 1, 2, 3}, optional
+        Wrap each stage in :class:`~hpctp.nn.ShardedDataParallel` of this stage over the data axes
+        (``"zero_bubble"`` takes 0-2); None: plain stages, gradients summed by
+        :meth:`ParallelPlan.sync_gradients` at the end of a step.
+    seed : int, optional
+        A meta model: materialize as one process would after ``torch.manual_seed(seed)``.
+    device : torch.device or str, optional
+        A meta model: where its stages live (default this rank's GPU, else the CPU).
+
+    Attributes
+    ----------
+    schedule : Schedule
+    cuts : tuple of int
+    stages : tuple of int
+        The stage indices this rank holds.
+    modules_of : dict
+        Stage index -> its module (a ``torch.nn.Sequential`` keeping the layers' original indices as
+        names, so state-dict keys are the whole model's), wrapped when ``zero`` is given.
+    timeline : list of (str, float, float)
+        The last step's compute actions on this rank: ``(action, start, end)`` (seconds, ``perf_counter``),
+        after ``("step", start, end)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On every rank, before any message: a bad layer list, plan, schedule, micro-batch or virtual count,
+        cuts that leave a stage empty or do not cover the layers, ``zero`` out of range or 3 with
+        ``"zero_bubble"``, or a meta layer that nothing can initialise.
+    """
+
+    def __init__(
+        self,
+        layers: torch.nn.Sequential | Sequence[torch.nn.Module],
+        plan: ParallelPlan,
+        *,
+        schedule: str = "1f1b",
+        microbatches: int,
+        virtual: int = 1,
+        cuts: Sequence[int] | None = None,
+        sample: Any = None,
+        zero: int | None = None,
+        seed: int | None = None,
+        device: Any = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(plan, ParallelPlan):
+            raise TypeError(f"PipelineParallel: plan must be a hpctp.nn.ParallelPlan, got {type(plan).__name__}")
+        error: Exception | None = None
+        chain: list[torch.nn.Module] = []
+        sched: Schedule | None = None
+        meta = False
+        try:
+            chain = _layers(layers)
+            sched = pipeline_schedule(schedule, plan.pipeline_size, microbatches, virtual)
+            if zero is not None and (isinstance(zero, bool) or zero not in (0, 1, 2, 3)):
+                raise ValueError(f"PipelineParallel: zero must be 0, 1, 2, 3 or None, got {zero!r}")
+            if zero == 3 and sched.split_backward:
+                raise ValueError(
+                    "PipelineParallel: zero=3 frees a unit's parameters when its gradients arrive, which the zero-bubble "
+                    "schedule defers to W; use zero <= 2 with 'zero_bubble', or another schedule with zero=3"
+                )
+            if cuts is not None:
+                cuts = _check_cuts(cuts, len(chain), sched.n_stages)
+            meta = has_meta(torch.nn.ModuleList(chain))
+            if meta:
+                problems = meta_problems(reset_order(torch.nn.ModuleList(chain)))
+                if problems:
+                    raise ValueError("PipelineParallel: " + "; ".join(problems[:5]))
+                if sample is not None and cuts is None:
+                    raise ValueError(
+                        "PipelineParallel: a model on the meta device cannot run the profiling pass of sample=; "
+                        "give cuts= (or no sample: the stages are then balanced by parameter count)"
+                    )
+            if len(chain) < sched.n_stages:
+                raise ValueError(
+                    f"PipelineParallel: {len(chain)} layers cannot fill {sched.n_stages} stages (p={plan.pipeline_size} "
+                    f"x v={virtual}): a stage would be empty; use fewer stages or split the model into more layers"
+                )
+        except (TypeError, ValueError) as e:
+            error = e
+        C.agree_arguments(
+            plan.grid.comm, "PipelineParallel", error, schedule=schedule, microbatches=microbatches, virtual=virtual,
+            cuts=None if cuts is None else list(cuts), zero=zero, layers=len(chain), meta=meta,
+        )  # fmt: skip
+        sched = cast(Schedule, sched)  # (agreed above: no rank failed)
+        self.plan, self.schedule, self.zero = plan, sched, zero
+        self.cuts = tuple(cuts) if cuts is not None else self._balance(chain, sample)
+        self.stages = tuple(sched.stages_of(plan.pipeline_rank))
+        target = _device(device, meta)
+        kept = self._build(chain, seed, target, meta)
+        self.stage_modules = torch.nn.ModuleList(kept[s] for s in self.stages)
+        self.modules_of = dict(zip(self.stages, self.stage_modules))
+        self._last_grad_action = _last_gradient_actions(sched, plan.pipeline_rank)
+        self._meta_sent: set[tuple[int, int]] = set()
+        self._meta_known: dict[tuple[int, int], Described] = {}
+        self._weights_of: dict[int, list[float]] = {}  # share size -> each micro-batch's share of the global batch
+        self.timeline: list[tuple[str, float, float]] = []
+
+    # ------------------------------------------------------------------ construction
+    def _balance(self, chain: list[torch.nn.Module], sample: Any) -> tuple[int, ...]:
+        """Collective over grid. Balanced cuts: measured forward time and saved activations per layer (the max
+        over ranks, so every rank cuts alike), or the parameter count without a sample."""
+        n = self.schedule.n_stages
+        if sample is None:
+            costs = [1.0 + sum(p.numel() for p in layer.parameters()) for layer in chain]
+            return balanced_cuts(costs, n)
+        times, saved = _profile(chain, sample)
+        both = np.array(times + saved, dtype=np.float64)
+        C.allreduce(self.plan.grid.comm, both, "max")
+        times, saved = both[: len(chain)].tolist(), both[len(chain) :].tolist()
+        return balanced_cuts(times, n, secondary=saved)
+
+    def _build(
+        self, chain: list[torch.nn.Module], seed: int | None, device: Any, meta: bool
+    ) -> dict[int, torch.nn.Module]:
+        """Local (collective over the data axes with ``zero``). This rank's stages, materialized and wrapped."""
+        mine = {s: range(self.cuts[s], self.cuts[s + 1]) for s in self.stages}
+        owned = {i for r in mine.values() for i in r}
+        if meta:
+            with seeded(seed):
+                for i, layer in enumerate(chain):  # every layer, in order: the generator draws as one process's
+                    target = layer if i in owned else copy.deepcopy(layer)
+                    materialize_modules(reset_order(target), "cpu")
+                    if i in owned:
+                        layer.to(device)
+        out: dict[int, torch.nn.Module] = {}
+        for s, idx in mine.items():
+            module: torch.nn.Module = torch.nn.Sequential(OrderedDict((str(i), chain[i]) for i in idx))
+            if self.zero is not None:
+                module = ShardedDataParallel(module, self.plan, stage=self.zero)
+            out[s] = module
+        return out
+
+    # ------------------------------------------------------------------ parameters
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """Local. This rank's stages' parameters (their ShardedDataParallel slices with ``zero``), the optimizer's."""
+        for s, module in self.modules_of.items():
+            yield from module.named_parameters(
+                f"{prefix}stage{s}." if prefix else f"stage{s}.", recurse, remove_duplicate
+            )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Local. Clear every stage's gradients."""
+        for module in self.modules_of.values():
+            module.zero_grad(set_to_none)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Local. Not used: a pipeline runs a whole step at once (:meth:`step`).
+
+        Raises
+        ------
+        TypeError
+            Always.
+        """
+        raise TypeError(
+            "PipelineParallel runs forward and backward of a batch together: call pipe.step(inputs, targets, loss_fn)"
+        )
+
+    # ------------------------------------------------------------------ the step
+    def step(
+        self, inputs: Any, targets: Any, loss_fn: LossFn, *, optimizer: torch.optim.Optimizer | None = None
+    ) -> float:
+        """Collective over grid. Forward and backward of one batch through the pipeline; its loss.
+
+        Parameters
+        ----------
+        inputs, targets : tensor or DistTensor
+            This data group's share of the batch (dim 0 the samples), on every rank of the group: the first
+            stage reads ``inputs``, the last ``targets``.
+        loss_fn : callable
+            ``loss_fn(prediction, targets)`` of a micro-batch on the last stage: its mean over the
+            micro-batch's global samples (e.g. ``lambda p, y: global_mse_loss(p.local, y, plan.grid,
+            plan.loss_axes)``).
+        optimizer : torch.optim.Optimizer, optional
+            Also step it (over :meth:`parameters`) and, with ``zero`` 1-2, gather the updated parameters.
+
+        Returns
+        -------
+        float
+            The batch's loss, as one process computes it, on every rank.
+
+        Raises
+        ------
+        ValueError
+            If the batch has fewer samples than micro-batches (on every rank).
+        """
+        plan, sched = self.plan, self.schedule
+        share = _length(inputs)
+        sizes = [b - a for a, b in (block_range(share, sched.m, i) for i in range(sched.m))]
+        weights = self._weights(share)
+        run = _Step(self, inputs, targets, loss_fn, sizes, weights)
+        t0 = time.perf_counter()
+        run.execute(sched.actions(plan.pipeline_rank))
+        self.timeline = [("step", t0, time.perf_counter()), *run.spans]
+        for module in self.modules_of.values():
+            if isinstance(module, ShardedDataParallel):
+                module.finish_gradients()
+            else:
+                plan.sync_gradients(module)
+        loss = self._broadcast_loss(run.loss)
+        if optimizer is not None:
+            optimizer.step()
+            for module in self.modules_of.values():
+                if isinstance(module, ShardedDataParallel):
+                    module.refresh_parameters()
+        return loss
+
+    def _weights(self, share: int) -> list[float]:
+        """Collective over the data axes (once per share size). Each micro-batch's share of the global batch.
+
+        Raises
+        ------
+        ValueError
+            On every rank, if the global batch has fewer samples than micro-batches.
+        """
+        if share not in self._weights_of:
+            m = self.schedule.m
+            shares = [int(v) for v in C.allgather_ints(self.plan.data_comm, [share])[:, 0]]
+            total = sum(shares)
+            if total < m:
+                raise ValueError(
+                    f"PipelineParallel: a batch of {total} samples cannot fill {m} micro-batches; use fewer "
+                    "micro-batches or a larger batch"
+                )
+            micro = [sum(block_range(n, m, i)[1] - block_range(n, m, i)[0] for n in shares) for i in range(m)]
+            self._weights_of[share] = [n / total for n in micro]
+        return self._weights_of[share]
+
+    def _broadcast_loss(self, value: float) -> float:
+        """Collective over grid. The last stage's loss to every rank (over the whole grid, not the pipeline axis)."""
+        plan = self.plan
+        coords = [0] * plan.grid.ndim
+        if plan.pipeline_axes:
+            coords[plan.pipeline_axes[0]] = self.schedule.rank_of(self.schedule.n_stages - 1)
+        root = plan.grid.rank_of(tuple(coords))
+        buf = np.array([value if plan.grid.rank == root else 0.0])
+        C.bcast(plan.grid.comm, buf, root)
+        return float(buf[0])
+
+    def extra_repr(self) -> str:
+        return (
+            f"schedule={self.schedule.name}, p={self.schedule.p}, m={self.schedule.m}, v={self.schedule.v}, "
+            f"cuts={self.cuts}, stages={self.stages}, zero={self.zero}"
+        )
+
+
+class _Step:
+    """Local (its actions talk to the neighbouring stages). One step's state: stage inputs, outputs, losses,
+    the receives posted, the sends in flight, the weight-gradient passes waiting (zero-bubble)."""
+
+    def __init__(self, pipe: PipelineParallel, inputs: Any, targets: Any, loss_fn: LossFn, sizes: list[int],
+                 weights: list[float]) -> None:  # fmt: skip
+        self.pipe, self.inputs, self.targets, self.loss_fn = pipe, inputs, targets, loss_fn
+        self.sizes, self.share_of = sizes, weights
+        self.starts = [0]
+        for n in sizes:
+            self.starts.append(self.starts[-1] + n)
+        self.comm = pipe.plan.pipeline_comm
+        self.grid = pipe.plan.model_grid
+        self.x: dict[tuple[int, int], Any] = {}  # the stage's input (a tensor that requires grad, or the data)
+        self.y: dict[tuple[int, int], Any] = {}  # its output (or the weighted loss on the last stage)
+        self.received: dict[tuple[str, int, int], tuple[Pending, torch.Tensor]] = {}
+        self.dinput: dict[tuple[int, int], torch.Tensor | None] = {}
+        self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
+        self.sends: list[tuple[Pending, torch.Tensor]] = []
+        self.spans: list[tuple[str, float, float]] = []
+        self.loss = 0.0
+        self.last = pipe.schedule.n_stages - 1
+        self.handlers: dict[ActionKind, Callable[[Action], None]] = {
+            _K.F: self.forward, _K.B: self.backward, _K.W: self.weights, _K.SEND_F: self.send_activation,
+            _K.RECV_F: self.receive_activation, _K.SEND_B: self.send_gradient, _K.RECV_B: self.receive_gradient,
+        }  # fmt: skip
+
+    def execute(self, actions: Sequence[Action]) -> None:
+        for j, a in enumerate(actions):
+            self.post_ahead(actions[j : j + 1 + RECEIVE_AHEAD])
+            try:
+                if a.kind.is_compute:
+                    t0 = time.perf_counter()
+                    self.handlers[a.kind](a)
+                    self.spans.append((str(a), t0, time.perf_counter()))
+                else:
+                    self.handlers[a.kind](a)
+            except Exception as e:
+                raise RuntimeError(
+                    f"PipelineParallel: pipeline rank {self.pipe.plan.pipeline_rank} failed at step {j} ({a}): {e}\n"
+                    f"{self.pipe.schedule.table()}"
+                ) from e
+        for pending, _ in self.sends:
+            pending.wait()
+
+    # ------------------------------------------------------------------ messages
+    def _peer(self, stage: int) -> int:
+        return self.pipe.schedule.rank_of(stage)
+
+    def _description(self, boundary: int, i: int) -> Described | None:
+        return self.pipe._meta_known.get((boundary, self.sizes[i]))
+
+    def post_ahead(self, window: Sequence[Action]) -> None:
+        """Post the receives of the coming actions whose buffers' shapes are known, in the schedule's order: MPI
+        matches one kind's messages in the order the receives are posted, so a receive that must wait for its
+        description holds back every later one of its kind (never waits itself)."""
+        held: set[ActionKind] = set()
+        for a in window:
+            if a.kind.is_recv and a.kind not in held and not self.post_early(a):
+                held.add(a.kind)
+
+    def post_early(self, a: Action) -> bool:
+        """Post ``a``'s receive if its buffer's shape is known; whether it is posted."""
+        kind = "F" if a.kind is _K.RECV_F else "B"
+        if (kind, a.stage, a.microbatch) in self.received:
+            return True
+        if a.kind is _K.RECV_F:
+            d = self._description(a.stage - 1, a.microbatch)
+            if d is None:
+                return False
+            self._post("F", a, d.empty(self._device()), tags.PIPELINE_ACTIVATION, a.stage - 1)
+            return True
+        out = self.y.get((a.stage, a.microbatch))
+        if out is None:
+            return False
+        self._post("B", a, torch.empty_like(_block(out)), tags.PIPELINE_GRADIENT, a.stage + 1)
+        return True
+
+    def _post(self, kind: str, a: Action, buf: torch.Tensor, tag: int, peer_stage: int) -> None:
+        pending = C.irecv(self.comm, buf, self._peer(peer_stage), tag)
+        self.received[(kind, a.stage, a.microbatch)] = (pending, buf)
+
+    def _device(self) -> torch.device:
+        for module in self.pipe.modules_of.values():
+            for p in module.parameters():
+                return p.device
+        return torch.device("cpu")
+
+    def receive_activation(self, a: Action) -> None:
+        key = ("F", a.stage, a.microbatch)
+        if key not in self.received:
+            d = self._description(a.stage - 1, a.microbatch)
+            if d is None:  # the first micro-batch of this size at this boundary: its description comes first
+                d = receive_description(self.comm, self._peer(a.stage - 1), self.grid.dims)
+                self.pipe._meta_known[(a.stage - 1, self.sizes[a.microbatch])] = d
+            self._post("F", a, d.empty(self._device()), tags.PIPELINE_ACTIVATION, a.stage - 1)
+
+    def receive_gradient(self, a: Action) -> None:
+        if ("B", a.stage, a.microbatch) not in self.received:
+            self._post("B", a, torch.empty_like(_block(self.y[(a.stage, a.microbatch)])), tags.PIPELINE_GRADIENT,
+                       a.stage + 1)  # fmt: skip
+
+    def send_activation(self, a: Action) -> None:
+        block, d = describe(self.y[(a.stage, a.microbatch)])
+        key = (a.stage, self.sizes[a.microbatch])
+        if key not in self.pipe._meta_sent:
+            self.sends.append((send_description(self.comm, d, self._peer(a.stage + 1)), block))
+            self.pipe._meta_sent.add(key)
+        data = block.detach().contiguous()
+        self.sends.append((C.isend(self.comm, data, self._peer(a.stage + 1), tags.PIPELINE_ACTIVATION), data))
+
+    def send_gradient(self, a: Action) -> None:
+        g = self.dinput.pop((a.stage, a.microbatch))
+        x = self.x.pop((a.stage, a.microbatch))
+        if g is None:  # (the input did not reach the output)
+            g = torch.zeros_like(_block(x))
+        data = g.contiguous()
+        self.sends.append((C.isend(self.comm, data, self._peer(a.stage - 1), tags.PIPELINE_GRADIENT), data))
+
+    def _take(self, kind: str, stage: int, i: int) -> torch.Tensor:
+        pending, buf = self.received.pop((kind, stage, i))
+        pending.wait()
+        return buf
+
+    # ------------------------------------------------------------------ compute
+    def forward(self, a: Action) -> None:
+        s, i = a.stage, a.microbatch
+        if s == 0:
+            x = _rows(self.inputs, self.starts[i], self.starts[i + 1])
+        else:
+            block = self._take("F", s, i).requires_grad_(True)
+            x = self._description(s - 1, i).wrap(block, self.grid)  # type: ignore[union-attr]
+        self.x[(s, i)] = x
+        module = self.pipe.modules_of[s]
+        with self._gradient_sync(a):
+            out = module(x)
+        if s == self.last:
+            target = _rows(self.targets, self.starts[i], self.starts[i + 1])
+            loss = self.loss_fn(out, target) * self.share_of[i]
+            self.loss += float(loss.detach())
+            out = loss
+        self.y[(s, i)] = out
+
+    def _gradient_sync(self, a: Action) -> contextlib.AbstractContextManager[Any]:
+        """Inside the stage's no_sync unless ``a`` is the stage's last gradient pass (ZeRO 0-2: gradients wait in
+        the buckets until then; stage 3 sends every micro-batch's, into its slices)."""
+        module = self.pipe.modules_of[a.stage]
+        if not isinstance(module, ShardedDataParallel) or module.stage == 3 or a.kind is _K.F:
+            return contextlib.nullcontext()
+        if self.pipe._last_grad_action[a.stage] == (a.kind, a.microbatch):
+            return contextlib.nullcontext()
+        return module.no_sync()
+
+    def backward(self, a: Action) -> None:
+        s, i = a.stage, a.microbatch
+        out = self.y.pop((s, i))
+        grad = None if s == self.last else self._take("B", s, i)
+        root = out if s == self.last else _block(out)
+        x_block = _block(self.x[(s, i)]) if s > 0 else None
+        module = self.pipe.modules_of[s]
+        if self.pipe.schedule.split_backward:
+            params = [p for p in _inner(module).parameters() if p.requires_grad]
+            dx, weights = backward_input([root], [grad], [x_block] if x_block is not None else [], params)
+            self.weight_pass[(s, i)] = weights
+            self.dinput[(s, i)] = dx[0] if dx else None
+        else:
+            with self._gradient_sync(a):
+                torch.autograd.backward([root], None if grad is None else [grad])
+            self.dinput[(s, i)] = x_block.grad if x_block is not None else None
+        if s == 0:
+            del self.x[(s, i)]
+
+    def weights(self, a: Action) -> None:
+        with self._gradient_sync(a):
+            self.weight_pass.pop((a.stage, a.microbatch))()
+
+
+# ---------------------------------------------------------------------- helpers
+def _layers(layers: object) -> list[torch.nn.Module]:
+    chain = list(layers) if isinstance(layers, (torch.nn.Sequential, list, tuple, torch.nn.ModuleList)) else None
+    if chain is None or not chain or not all(isinstance(m, torch.nn.Module) for m in chain):
+        raise TypeError(
+            "PipelineParallel: layers must be a torch.nn.Sequential or a non-empty list of torch.nn.Module (the model "
+            f"as a chain of layers), got {type(layers).__name__}"
+        )
+    return chain
+
+
+def _check_cuts(cuts: Sequence[int], n: int, stages: int) -> list[int]:
+    c = list(cuts)
+    if len(c) != stages + 1 or not all(is_int(v) for v in c) or c[0] != 0 or c[-1] != n:
+        raise ValueError(
+            f"PipelineParallel: cuts={tuple(c)} must be {stages + 1} layer indices from 0 to {n} (stage s runs layers "
+            "cuts[s]:cuts[s+1])"
+        )
+    empty = [s for s in range(stages) if c[s + 1] <= c[s]]
+    if empty:
+        raise ValueError(f"PipelineParallel: cuts={tuple(c)} leave stages {empty} empty; every stage needs a layer")
+    return [int(v) for v in c]
+
+
+def _last_gradient_actions(sched: Schedule, rank: int) -> dict[int, tuple[ActionKind, int]]:
+    """Each of this rank's stages' last gradient pass (W with split backward, else B): where gradients sync."""
+    kind = _K.W if sched.split_backward else _K.B
+    out: dict[int, tuple[ActionKind, int]] = {}
+    for a in sched.actions(rank):
+        if a.kind is kind:
+            out[a.stage] = (kind, a.microbatch)
+    return out
+
+
+def _device(device: Any, meta: bool) -> Any:
+    if device is not None:
+        return torch.device(device)
+    gpu = C.current_device() if meta else None
+    return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
+
+
+def _length(x: Any) -> int:
+    shape = x.global_shape if isinstance(x, DistTensor) else tuple(x.shape)
+    return int(shape[0])
+
+
+def _rows(x: Any, a: int, b: int) -> Any:
+    return x[a:b]
+
+
+def _block(x: Any) -> torch.Tensor:
+    return x.local if isinstance(x, DistTensor) else x
+
+
+def _inner(module: torch.nn.Module) -> torch.nn.Module:
+    return module.module if isinstance(module, ShardedDataParallel) else module
+
+
+def _profile(chain: list[torch.nn.Module], sample: Any) -> tuple[list[float], list[float]]:
+    """Collective over the model grid. Each layer's forward time (x 3: forward and backward) and the bytes
+    autograd saves in it, from one pass over ``sample``."""
+    times, saved = [], []
+    x = sample
+    for layer in chain:
+        total = [0]
+
+        def pack(t: torch.Tensor, total: list[int] = total) -> torch.Tensor:
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        t0 = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            x = layer(x)
+        times.append(3.0 * (time.perf_counter() - t0))
+        saved.append(float(total[0]))
+    return times, saved

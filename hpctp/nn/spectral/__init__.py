@@ -1,0 +1,15 @@
+"""Fourier layers (FNO) on fields split over the grid: each rank transforms its own block with truncated DFT
+matrices (``_dft``) and one spectrum-sized all-reduce joins the ranks; the field never moves."""
+
+# conv.py
+from .conv import SpectralConv1d, SpectralConv2d, SpectralConv3d, spectral_weight
+
+# fourier.py
+from .fourier import spectral_conv, spectral_conv_fft
+
+__all__ = [
+    # conv.py
+    "SpectralConv1d", "SpectralConv2d", "SpectralConv3d", "spectral_weight",
+    # fourier.py
+    "spectral_conv", "spectral_conv_fft",
+]  # fmt: skip

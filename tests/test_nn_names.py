@@ -1,0 +1,311 @@
+"""hpctp.nn moved into rooms by concern (spatial, spectral, transformer, distributed, pipeline_parallel): every public
+name is still importable from where it was, the package's and every old module path's (no MPI)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import hpctp.nn
+
+# The __all__ of hpctp.nn and of each of its modules before the move (2026-12-05)
+BEFORE: dict[str, tuple[str, ...]] = {
+    "hpctp.nn": (
+        "AllReduceSum",
+        "AvgPool2d",
+        "AvgPool3d",
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "Checkpointed",
+        "ColumnParallelLinear",
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+        "GroupNorm",
+        "LayerNorm",
+        "Linear",
+        "Linear2D",
+        "MaxPool2d",
+        "MaxPool3d",
+        "MultiheadAttention",
+        "NeighborhoodAttention2d",
+        "NeighborhoodAttention3d",
+        "ParallelMLP",
+        "ParallelPlan",
+        "PatchEmbed2d",
+        "PatchEmbed3d",
+        "RMSNorm",
+        "RowParallelLinear",
+        "ShardedDataParallel",
+        "SpectralConv1d",
+        "SpectralConv2d",
+        "SpectralConv3d",
+        "TransformerBlock",
+        "Unpatch2d",
+        "Unpatch3d",
+        "Upsample",
+        "allreduce_sum",
+        "attention_schedule",
+        "broadcast_parameters",
+        "check_replicas",
+        "checkpoint",
+        "checkpoint_forward",
+        "context_parallel",
+        "functional",
+        "global_l1_loss",
+        "global_mean",
+        "global_mse_loss",
+        "global_state_dict",
+        "global_sum",
+        "load_global_state_dict",
+        "materialize",
+        "patch_aligned_layout",
+        "patched_layout",
+        "relative_l2_error",
+        "sequence_parallel",
+        "sync_gradients",
+        "unpatched_layout",
+    ),
+    "hpctp.nn._dft": (
+        "kept_modes",
+        "forward_matrix",
+        "inverse_matrix",
+        "check_modes",
+    ),
+    "hpctp.nn._fetch": (
+        "Fetch",
+        "FetchStrips",
+        "GradSink",
+        "Slot",
+    ),
+    "hpctp.nn._inputs": (
+        "FieldInput",
+        "field_axes",
+        "field_input",
+        "full_split",
+        "resolve_layout",
+        "split_items",
+    ),
+    "hpctp.nn._sharded_bucket": (
+        "Bucket",
+        "InFlight",
+        "ParamState",
+        "resizable_view",
+    ),
+    "hpctp.nn._sharded_state": (
+        "state_kinds",
+        "gather_flat",
+        "copy_value",
+        "slice_state",
+        "optimizer_like",
+    ),
+    "hpctp.nn._sharded_units": (
+        "Unit",
+        "choose_units",
+        "owner_units",
+    ),
+    "hpctp.nn._window": (
+        "AddInto",
+        "Assemble",
+        "Tie",
+        "conv",
+        "conv_transpose",
+        "pool",
+        "windowed",
+    ),
+    "hpctp.nn.attention": (
+        "MultiheadAttention",
+        "attention_mask",
+    ),
+    "hpctp.nn.context_parallel": (
+        "CAUSAL_RUN_MIN",
+        "FLASH_BLOCKS",
+        "KEY_TILE_MIN",
+        "MASK_ELEMENTS",
+        "RING_GRAD_TAG",
+        "RING_PIECES",
+        "RING_PIECES_BACKWARD",
+        "RING_TAG",
+        "SCORE_TILE_ELEMENTS",
+        "attention",
+        "attention_schedule",
+    ),
+    "hpctp.nn.conv": (
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+        "init_replicated",
+    ),
+    "hpctp.nn.fourier": (
+        "spectral_conv",
+        "spectral_conv_fft",
+    ),
+    "hpctp.nn.functional": (
+        "attention",
+        "avg_pool2d",
+        "avg_pool3d",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "halo_pad",
+        "max_pool2d",
+        "max_pool3d",
+        "spatial_split",
+        "spectral_conv",
+        "spectral_conv_fft",
+    ),
+    "hpctp.nn.init": (
+        "BlockReset",
+        "SeededReset",
+        "bias_seed",
+        "derive_seed",
+        "init_block",
+        "init_replicated",
+        "is_meta",
+        "seeded",
+    ),
+    "hpctp.nn.layer_norm": (
+        "LayerNorm",
+        "RMSNorm",
+    ),
+    "hpctp.nn.linear": (
+        "ColumnParallelLinear",
+        "RowParallelLinear",
+        "Linear2D",
+        "Linear",
+        "init_block",
+        "derive_seed",
+        "feature_cuts",
+    ),
+    "hpctp.nn.loss": (
+        "global_sum",
+        "global_mean",
+        "global_mse_loss",
+        "global_l1_loss",
+        "relative_l2_error",
+    ),
+    "hpctp.nn.materialize": (
+        "materialize",
+        "meta_problems",
+        "has_meta",
+        "reset_order",
+    ),
+    "hpctp.nn.mlp": (
+        "ParallelMLP",
+        "ACTIVATIONS",
+        "activation_function",
+    ),
+    "hpctp.nn.neighborhood": (
+        "NeighborhoodAttention2d",
+        "NeighborhoodAttention3d",
+        "neighborhood_mask",
+    ),
+    "hpctp.nn.norm": (
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "GroupNorm",
+        "global_moments",
+        "normalize",
+        "field_axes",
+    ),
+    "hpctp.nn.parallel": (
+        "sync_gradients",
+        "broadcast_parameters",
+        "gradient_buckets",
+        "check_replicas",
+    ),
+    "hpctp.nn.patch": (
+        "PatchEmbed2d",
+        "PatchEmbed3d",
+        "Unpatch2d",
+        "Unpatch3d",
+        "patch_aligned_layout",
+        "patched_layout",
+        "unpatched_layout",
+    ),
+    "hpctp.nn.plan": ("ParallelPlan",),
+    "hpctp.nn.pool": (
+        "AvgPool2d",
+        "AvgPool3d",
+        "MaxPool2d",
+        "MaxPool3d",
+    ),
+    "hpctp.nn.recompute": (
+        "Checkpointed",
+        "checkpoint",
+        "checkpoint_forward",
+    ),
+    "hpctp.nn.sequence_parallel": (
+        "ArgumentAgreement",
+        "CopyToAxis",
+        "SumOverAxis",
+        "GatherTokens",
+        "ScatterTokens",
+        "enter_parallel_region",
+        "leave_parallel_region",
+        "token_cuts",
+    ),
+    "hpctp.nn.sharded": (
+        "ShardedDataParallel",
+        "MAX_IN_FLIGHT",
+    ),
+    "hpctp.nn.spatial": (
+        "avg_pool2d",
+        "avg_pool3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "max_pool2d",
+        "max_pool3d",
+    ),
+    "hpctp.nn.spectral": (
+        "SpectralConv1d",
+        "SpectralConv2d",
+        "SpectralConv3d",
+        "spectral_weight",
+    ),
+    "hpctp.nn.state_dict": (
+        "global_state_dict",
+        "load_global_state_dict",
+    ),
+    "hpctp.nn.transformer": (
+        "TransformerBlock",
+        "ATTENTION_KINDS",
+        "NORMS",
+    ),
+    "hpctp.nn.upsample": (
+        "Upsample",
+        "upsampled_layout",
+    ),
+    "hpctp.nn.window_spec": (
+        "DimWindow",
+        "WindowSpec",
+        "ntuple",
+    ),
+}
+
+
+@pytest.mark.parametrize("module", sorted(BEFORE))
+def test_names_importable_from_where_they_were(module: str) -> None:
+    mod = importlib.import_module(module)
+    missing = [name for name in BEFORE[module] if not hasattr(mod, name)]
+    assert not missing, f"{module} lost {missing}"
+
+
+def test_package_surface_kept() -> None:
+    """hpctp.nn.__all__ holds everything it held before (and the new rooms)."""
+    assert set(BEFORE["hpctp.nn"]) <= set(hpctp.nn.__all__), set(BEFORE["hpctp.nn"]) - set(hpctp.nn.__all__)
+    for room in ("spatial", "spectral", "transformer", "distributed", "pipeline_parallel"):
+        assert room in hpctp.nn.__all__ and importlib.import_module(f"hpctp.nn.{room}").__all__
