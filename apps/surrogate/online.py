@@ -23,6 +23,7 @@ Config keys (``[online]``, all optional; see ``apps/configs/default.toml``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -188,11 +189,14 @@ class OnlineTrainer:
         batches = -(-len(split_indices(n, scfg.horizon, float(cfg["train"]["holdout"]))[0]) // scfg.batch_size)
         self.checkpoint_every = int(on["checkpoint_every"]) or max(1, batches * int(cfg["train"]["checkpoint_every"]))
         self.weight = float(cfg["train"].get("spectral_weight", 0.0))
-        self.model = build_model(
-            cfg["surrogate"], stream.shape[0], plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None
-        )
-        self.wrapped: ShardedDataParallel | None = None
-        self.opt: torch.optim.Optimizer | None = None
+        meta = setup.zero == 3  # (as offline training: the whole model never exists on a rank)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            self.model = build_model(
+                cfg["surrogate"], stream.shape[0], plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None
+            )
+        self.wrapped = ShardedDataParallel(self.model, plan, stage=setup.zero, seed=int(cfg["surrogate"]["seed"]))
+        self.opt = make_optimizer(self.wrapped, cfg)
+        self.scaled = False  # delta_scale set from the first pairs
         self.step = 0
         self.history: list[float] = []
         self.busy = 0.0  # seconds in training steps
@@ -223,28 +227,33 @@ class OnlineTrainer:
         balanced = hpctp.Layout(shape, grid.dims, self._batch_split)
         return x if x.layout == balanced else x.redistribute(balanced)  # (the layers' own blocks)
 
-    def _start(self) -> None:
-        """Collective over plan.grid. Before the first step: the output scale from the pairs in the
-        buffer (before sharding: stage 3 holds slices of the buffers' owners), the wrapper, Adam."""
+    def _scale(self) -> None:
+        """Collective over plan.grid. Before the first step: the output scale ``delta_scale`` from the
+        pairs in the buffer then (offline training takes all pairs; buffers stay whole at any stage)."""
         scale = self.stream.pair_rms() or 1.0
         with torch.no_grad():
             self.model.get_buffer("delta_scale").fill_(scale)
+        self.scaled = True
         self.log.info("RMS change between paired snapshots in the buffer: %.4g (output scale)", scale)
-        self.wrapped = ShardedDataParallel(self.model, self.plan, stage=self.setup.zero)
-        self.opt = make_optimizer(self.wrapped, self.cfg)
 
     def _train_step(self) -> None:
-        if self.wrapped is None:
-            self._start()
+        if not self.scaled:
+            self._scale()
         t0 = time.perf_counter()
         slots = self.stream.draw(self.step)
         start, stop = self.plan.sample_range(len(slots))
         xb, yb = self.stream.batch(slots[start:stop])
         share = (stop - start) / len(slots)
         loss = train_step(
-            self.wrapped, self.opt, self._wrap(xb), self._wrap(yb), self.plan, self.weight,  # type: ignore[arg-type]
-            share=share, setup=self.setup,
-        )  # fmt: skip
+            self.wrapped,
+            self.opt,
+            self._wrap(xb),
+            self._wrap(yb),
+            self.plan,
+            self.weight,
+            share=share,
+            setup=self.setup,
+        )
         self.history.append(loss)
         self.step += 1
         self.busy += time.perf_counter() - t0
@@ -274,9 +283,7 @@ class OnlineTrainer:
         self._advance(wait=False)
 
     def _save(self) -> None:
-        if self.wrapped is None:  # no step yet: the initial model
-            self._start()
-        save_checkpoint(self.ckpt, self.wrapped, self.opt, self.step, self.plan.grid)  # type: ignore[arg-type]
+        save_checkpoint(self.ckpt, self.wrapped, self.opt, self.step, self.plan.grid)
 
     # ------------------------------------------------------------------ the end
     def finish(self) -> dict[str, Any]:
@@ -327,7 +334,7 @@ class OnlineTrainer:
         """Collective over plan.grid. Mean per-pair relative L2 error of the model and of persistence
         on the held-out pairs (every data group evaluates all of them)."""
         hx, hy, _ = self.stream.held_out_pairs()
-        model: Any = self.wrapped if self.wrapped is not None else self.model
+        model: Any = self.wrapped
         dtype = next(self.model.parameters()).dtype
         grid = self.plan.model_grid
         err_model, err_persist = [], []

@@ -56,7 +56,7 @@ from .. import comm as C
 from .._util.backend import to_numpy
 from .._util.dtypes import dtype_code, dtype_from_code, dtype_name
 from .._util.ints import is_int
-from ..comm import ProcessGrid
+from ..comm import ProcessGrid, tags
 from ..layout import Layout
 from ..layout.groups import GroupPiece, GroupTransferPlan, group_transfer_plan
 from ..tensor.core import DistTensor
@@ -78,8 +78,13 @@ more (the simulation's core is idle while it waits)."""
 
 _HEADER = 6  # int64: kind, snapshot index, produced, dropped, sent, has a target
 _DATA, _END = 0, 1
-# point-to-point tags on the stream's own communicator (a duplicate: no other message can match)
-_TAG_DATA, _TAG_HEADER, _TAG_CREDIT, _TAG_ACK = 3601, 3602, 3603, 3604
+# point-to-point tags (on the stream's own communicator, a duplicate: no other message can match them)
+_TAG_DATA, _TAG_HEADER, _TAG_CREDIT, _TAG_ACK = (
+    tags.STREAM_DATA,
+    tags.STREAM_HEADER,
+    tags.STREAM_CREDIT,
+    tags.STREAM_ACK,
+)
 
 
 @dataclass(frozen=True)
