@@ -46,7 +46,7 @@ def test_settings_are_checked() -> None:
     scfg = stream_config(cfg)
     assert (scfg.horizon, scfg.holdout_every, scfg.batch_size, scfg.eviction) == (1, 3, 2, "reservoir")
     for key, value, match in [
-        ("placement", "elsewhere", "placement"), ("depth", 0, "depth"), ("stop_after", -1, "stop_after"),
+        ("placement", "elsewhere", "placement"), ("depth", 1, "depth"), ("stop_after", -1, "stop_after"),
         ("buffer_mib", 0, "buffer_mib"), ("ramp", 0.5, "ramp"), ("tail", 1.0, "tail"),
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=match):

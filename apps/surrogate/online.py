@@ -62,7 +62,7 @@ ONLINE_DEFAULTS: dict[str, Any] = {
     "eviction": "reservoir",
     "steps": 0,
     "max_wait": 1.0,
-    "depth": 2,
+    "depth": 4,
     "checkpoint_every": 0,
     "stop_after": 0,
     "ramp": 2.0,
@@ -91,8 +91,8 @@ def online_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     for key in ("trainer_ranks", "steps", "checkpoint_every", "stop_after"):
         if not isinstance(on[key], int) or isinstance(on[key], bool) or on[key] < 0:
             raise ValueError(f"online.{key} must be an int >= 0, got {on[key]!r}")
-    if not isinstance(on["depth"], int) or on["depth"] < 1:
-        raise ValueError(f"online.depth must be an int >= 1, got {on['depth']!r}")
+    if not isinstance(on["depth"], int) or on["depth"] < 2:
+        raise ValueError(f"online.depth must be an int >= 2 (a pair's input and target travel together), got {on['depth']!r}")
     if not float(on["buffer_mib"]) > 0:
         raise ValueError(f"online.buffer_mib must be > 0, got {on['buffer_mib']!r}")
     if not float(on["ramp"]) >= 1.0:

@@ -14,10 +14,12 @@ Placements (one class, chosen by which ranks pass which grid)
 Flow control between the groups (separate groups)
     The trainer holds at most ``depth`` snapshots that it has not yet put into its buffer. The
     simulation's first rank keeps the count of snapshots sent and of *credits* (the trainer's first
-    rank sends one per snapshot it took in). A :meth:`Stream.put` with ``depth`` snapshots
-    outstanding waits at most ``max_wait`` seconds for a credit; without one the snapshot is
+    rank sends one per snapshot it took in). Snapshots are thinned by pairs: one sent as a pair's
+    input reserves room for its target, which then goes without waiting; any other snapshot goes
+    only if there is room for a pair, waiting at most ``max_wait`` seconds for credits, else it is
     *thinned*: not sent, counted as dropped (that rank's decision reaches the other simulation ranks
-    in the small all-reduce that also agrees on errors, once per snapshot). A header per snapshot
+    in the small all-reduce that also agrees on errors, once per snapshot). A slow trainer gets fewer
+    pairs, never halves of pairs. A header per snapshot
     (index, produced and dropped counts) goes from the simulation's first rank to the trainer's, which
     announces it to the trainer ranks; they then post the receives. :meth:`Stream.end` sends the end
     header; the trainer answers with the number of credits it sent before reading it, so no message
@@ -111,7 +113,8 @@ class StreamConfig:
         Seconds a :meth:`Stream.put` may wait for the trainer before the snapshot is thinned
         (``inf``: never thinned).
     depth : int
-        Snapshots between the groups at most (sent, not yet taken into the trainer's buffer).
+        Snapshots between the groups at most (sent, not yet taken into the trainer's buffer); >= 2
+        with ``horizon > 0``.
 
     Raises
     ------
@@ -139,8 +142,12 @@ class StreamConfig:
             v = getattr(self, name)
             if not is_int(v) or int(v) < 0:
                 raise ValueError(f"StreamConfig.{name} must be an int >= 0, got {v!r}")
-        if not is_int(self.depth) or int(self.depth) < 1:
-            raise ValueError(f"StreamConfig.depth must be an int >= 1, got {self.depth!r}")
+        low = 2 if self.horizon else 1  # (a pair's input and its target are in flight together)
+        if not is_int(self.depth) or int(self.depth) < low:
+            raise ValueError(
+                f"StreamConfig.depth must be an int >= {low} with horizon={self.horizon} (a pair's input and target "
+                f"travel together), got {self.depth!r}"
+            )
         if self.eviction not in EVICTIONS:
             raise ValueError(f"StreamConfig.eviction={self.eviction!r} must be one of {EVICTIONS}")
         if not (isinstance(self.max_wait, (int, float)) and self.max_wait >= 0 and not math.isnan(self.max_wait)):
@@ -429,6 +436,7 @@ class Stream:
         self._credits_in = 0  # credit messages received (first rank)
         self._consumed = 0  # snapshots the trainer took in, as the last credit said
         self._credit_buf = np.zeros(1, dtype=np.int64)
+        self._reserved: set[int] = set()  # (first rank) snapshots promised as the targets of pairs sent
         self._ack_buf = np.zeros(1, dtype=np.int64)
         self._ack_req: C.Pending | None = None
 
@@ -521,8 +529,11 @@ class Stream:
         if error is None and self.colocated:  # (the same on every rank: the trainer's part is collective)
             drop = int(sum(not s.is_end for s in self._staged) >= self.config.depth)
         elif error is None and self.rank == self.sim_root:
-            drop = int(not self._wait_for_credit())
-        flags = C.allreduce(self._sim.comm, np.array([int(error is not None), drop], dtype=np.int64), "max")
+            drop = int(not self._decide(self.stats.produced))
+        flags = np.array([int(error is not None), drop], dtype=np.int64)
+        agreed = C.iallreduce(self._sim.comm, flags, "max")  # (the others wait here while the first rank
+        while not agreed.test():  # waits for credits: sleeping, so a trainer sharing the cores runs)
+            time.sleep(POLL_SECONDS)
         if flags[0]:
             C.raise_if_any(self._sim.comm, error)
         index = self.stats.produced
@@ -586,24 +597,35 @@ class Stream:
         while C.iprobe(self._grid.comm, self.train_root, _TAG_CREDIT):
             self._receive_credit()
 
-    def _wait_for_credit(self) -> bool:
-        """(The simulation's first rank.) True if fewer than ``depth`` snapshots are outstanding, waiting
-        for a credit at most ``max_wait`` seconds."""
+    def _decide(self, index: int) -> bool:
+        """(The simulation's first rank.) Send snapshot ``index``, or thin it (False).
+
+        Thinning keeps whole pairs: a snapshot sent as the input of a pair reserves a place for its
+        target ``horizon`` snapshots later, which is then sent without waiting; any other snapshot is
+        sent only if it can start a pair (room for itself and its target: ``outstanding + reserved
+        + 2 <= depth``, 1 with ``horizon = 0``), waiting at most ``max_wait`` seconds for credits. A
+        snapshot that could only end in a broken pair is never sent."""
+        h, depth = self.config.horizon, self.config.depth
         self._poll_credits()
-        if self.stats.sent - self._consumed < self.config.depth:
+        if index in self._reserved:  # the target of a pair on its way: room was kept for it
+            self._reserved.discard(index)
+            if h and (self.stats.sent + 1 - self._consumed) + len(self._reserved) + 1 <= depth:
+                self._reserved.add(index + h)  # and the input of the next one
             return True
-        t0 = time.perf_counter()
-        deadline = t0 + float(self.config.max_wait)
-        while True:
-            now = time.perf_counter()
-            if now >= deadline:
-                self.stats.waited += now - t0
+        need = 2 if h else 1
+        room = lambda: (self.stats.sent - self._consumed) + len(self._reserved) + need <= depth  # noqa: E731
+        if not room():
+            t0 = time.perf_counter()
+            deadline = t0 + float(self.config.max_wait)
+            while not room() and time.perf_counter() < deadline:
+                time.sleep(max(0.0, min(POLL_SECONDS, deadline - time.perf_counter())))
+                self._poll_credits()
+            self.stats.waited += time.perf_counter() - t0
+            if not room():
                 return False
-            time.sleep(min(POLL_SECONDS, deadline - now))
-            self._poll_credits()
-            if self.stats.sent - self._consumed < self.config.depth:
-                self.stats.waited += time.perf_counter() - t0
-                return True
+        if h:
+            self._reserved.add(index + h)
+        return True
 
     def end(self) -> None:
         """Collective over the simulation's grid. No more snapshots: the trainer finishes on what it
