@@ -153,9 +153,9 @@ def main() -> None:
     work = Path(bcast_bytes(world, mine).decode())
     say = print if world.rank == 0 else (lambda *a, **k: None)
     pdes = ["grayscott", "navier_stokes"] if args.pde == "both" else [args.pde]
-    # warm-up, not reported: the first training in a process pays imports (torch's optimizer loads dynamo)
-    tiny = load_config(ROOT / "apps" / "configs" / "default.toml", [f'train.out="{work}/warm"', *QUICK["grayscott"]])
-    on_ranks(world, 4, partial(offline, tiny, work / "warm"))
+    if not args.quick:  # warm-up, not reported: the first training in a process pays imports (Adam loads dynamo)
+        tiny = load_config(ROOT / "apps" / "configs" / "default.toml", [f'train.out="{work}/warm"', *QUICK["grayscott"]])
+        on_ranks(world, 4, partial(offline, tiny, work / "warm"))
     rows_err, rows_time = [], []
     for pde in pdes:
         sets = [f'train.out="{work}/{pde}/online"', "online.max_wait=inf", *(QUICK[pde] if args.quick else [])]
