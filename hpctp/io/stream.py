@@ -74,7 +74,7 @@ DEFAULT_DEPTH = 2
 """Default snapshots between the groups (sent but not yet in the buffer): more absorbs a slow training
 step without thinning, at the cost of one packed snapshot block per rank on both sides."""
 
-POLL_SECONDS = 2e-4
+POLL_SECONDS = 1e-3
 """Sleep between two tests for a credit while the simulation waits: shorter reacts sooner and spins
 more (the simulation's core is idle while it waits)."""
 
