@@ -42,6 +42,7 @@ RANKS6_FILES=(
   tests/test_io.py tests/test_io_dataset.py tests/test_checkpoint.py tests/test_device_blocks.py
   tests/test_torch_interop.py tests/test_train_parallel.py
   tests/test_sharded.py tests/test_sharded_checkpoint.py tests/test_navier_stokes.py
+  tests/test_pipeline_parallel.py tests/test_pipeline_checkpoint.py tests/test_meta_init.py tests/test_sharded_meta.py
 )
 
 VENV=${VENV:-.venv}

@@ -195,12 +195,6 @@ BEFORE: dict[str, tuple[str, ...]] = {
         "global_l1_loss",
         "relative_l2_error",
     ),
-    "hpctp.nn.materialize": (
-        "materialize",
-        "meta_problems",
-        "has_meta",
-        "reset_order",
-    ),
     "hpctp.nn.mlp": (
         "ParallelMLP",
         "ACTIVATIONS",

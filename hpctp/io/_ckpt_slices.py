@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..nn.distributed._bucket import Bucket
     from ..nn.distributed.sharded import ShardedDataParallel
 
-__all__ = ["save_slices", "load_slices"]
+__all__ = ["save_slices", "load_slices", "write_slices", "Plan"]
 
 Box = tuple[slice, ...]
 
@@ -91,7 +91,7 @@ def _runs(piece: _Piece, flat: torch.Tensor) -> Iterator[tuple[Box, torch.Tensor
         at += size
 
 
-class _Plan:
+class Plan:
     """Local. What a sharded save or load touches: datasets (metadata), this rank's pieces, the state kinds."""
 
     def __init__(self, sdp: ShardedDataParallel, optimizer: torch.optim.Optimizer | None) -> None:
@@ -143,7 +143,7 @@ def save_slices(
     error: Exception | None = None
     fname = ""
     resolved = "serial"
-    layout: _Plan | None = None
+    layout: Plan | None = None
     try:
         fname = check_path(path)
         if not is_int(step) or step < 0:
@@ -152,14 +152,14 @@ def save_slices(
         if optimizer is not None:
             sdp._check_optimizer(optimizer)
         _check_finished(sdp)
-        layout = _Plan(sdp, optimizer)
+        layout = Plan(sdp, optimizer)
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
     C.agree_arguments(
         grid.comm, "save_checkpoint", error, path=os.path.abspath(fname), step=step, method=method,
         optimizer=optimizer is not None,
     )  # fmt: skip
-    layout = cast(_Plan, layout)  # (agreed: no rank failed)
+    layout = cast(Plan, layout)  # (agreed: no rank failed)
     check_same_everywhere(grid, layout.entries, layout.groups)
     scalars = _scalars(layout, optimizer) if optimizer is not None else {}
     whole = {id(e) for e in layout.whole}
@@ -182,24 +182,30 @@ def save_slices(
             f.require_group("optimizer").attrs.update({"param_groups": layout.groups, "class": class_name(optimizer)})
 
     def write(f: h5py.File) -> None:
-        for b in sdp.flat_buckets:
-            flats = [("model/{}", b._shard())]
-            if optimizer is not None:
-                state = optimizer.state.get(b._shard(), {})
-                flats += [
-                    (f"optimizer/state/{{}}/{k}", state[k]) for k, kind in layout.kinds[id(b)] if kind == "elementwise"
-                ]
-            for piece in layout.pieces[id(b)]:
-                if piece.writes:
-                    for key, flat in flats:
-                        for box, values in _runs(piece, flat):
-                            write_block(f[key.format(piece.name)], storable(values), box)
-        if data_root:
-            for e in layout.whole:
-                if e.writes(layout.mgrid):
-                    write_block(f[e.key], storable(e.tensor), e.selection(layout.mgrid))
+        write_slices(f, layout, optimizer, data_root)
 
     atomic_write(grid, fname, mode="w", prepare=prepare, write=write, method=resolved)
+
+
+def write_slices(f: h5py.File, layout: Plan, optimizer: torch.optim.Optimizer | None, data_root: bool) -> None:
+    """Local. This rank's hyperslabs of a sharded model: its slices' runs of every parameter and per-element optimizer
+    state (where it is the primary holder), and (data group 0) the whole tensors' blocks."""
+    for b in layout.sdp.flat_buckets:
+        flats = [("model/{}", b._shard())]
+        if optimizer is not None:
+            state = optimizer.state.get(b._shard(), {})
+            flats += [
+                (f"optimizer/state/{{}}/{k}", state[k]) for k, kind in layout.kinds[id(b)] if kind == "elementwise"
+            ]
+        for piece in layout.pieces[id(b)]:
+            if piece.writes:
+                for key, flat in flats:
+                    for box, values in _runs(piece, flat):
+                        write_block(f[key.format(piece.name)], storable(values), box)
+    if data_root:
+        for e in layout.whole:
+            if e.writes(layout.mgrid):
+                write_block(f[e.key], storable(e.tensor), e.selection(layout.mgrid))
 
 
 def _split_text(layout: Layout) -> str:
@@ -208,7 +214,7 @@ def _split_text(layout: Layout) -> str:
     return json.dumps(list(layout.split))
 
 
-def _scalars(layout: _Plan, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+def _scalars(layout: Plan, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
     """Number state as attributes of each parameter's state group (the slice's, for each of its parameters)."""
     out: dict[str, dict[str, Any]] = {}
     for b in layout.sdp.flat_buckets:
@@ -227,37 +233,40 @@ def _check_finished(sdp: ShardedDataParallel) -> None:
 
 def load_slices(
     path: str | os.PathLike[str], sdp: ShardedDataParallel, optimizer: torch.optim.Optimizer | None, strict: bool,
-    method: str,
+    method: str, *, part: bool = False,
 ) -> int:  # fmt: skip
-    """Collective over ``sdp.plan.grid``. :func:`hpctp.io.load_checkpoint` into a sharded model, by slices."""
+    """Collective over ``sdp.plan.grid``. :func:`hpctp.io.load_checkpoint` into a sharded model, by slices.
+
+    ``part``: the model is a part of the saved one (a pipeline's stage): the file may hold more, and the optimizer
+    (over every stage of this rank) may hold other parameters; its hyperparameters come from the saved group."""
     grid = sdp.plan.grid
     error: Exception | None = None
     fname = ""
     resolved = "serial"
-    layout: _Plan | None = None
+    layout: Plan | None = None
     try:
         fname = check_path(path)
         resolved = resolve_method(method, grid.size)
-        if optimizer is not None:
+        if optimizer is not None and not part:
             sdp._check_optimizer(optimizer)
         _check_finished(sdp)
-        layout = _Plan(sdp, None)
+        layout = Plan(sdp, None)
     except Exception as e:  # noqa: BLE001
         error = e
     C.agree_arguments(
         grid.comm, "load_checkpoint", error, path=os.path.abspath(fname), method=method, strict=strict,
         optimizer=optimizer is not None,
     )  # fmt: skip
-    layout = cast(_Plan, layout)
+    layout = cast(Plan, layout)
     f = open_for_read(fname, grid, resolved)
     step = 0
     try:
         try:
             step = check_format(f, fname)
-            check_entries(f, fname, layout.entries, "model", strict)
+            check_entries(f, fname, layout.entries, "model", strict and not part)
             shards = {id(b): _read_flat(f, "model/{}", b, layout, fname) for b in sdp.flat_buckets}
             wholes = [(e, read_slab(f[e.key], e.selection(layout.mgrid), fname)) for e in layout.whole]
-            opt = _read_optimizer(f, fname, layout, optimizer) if optimizer is not None else None
+            opt = _read_optimizer(f, fname, layout, optimizer, part) if optimizer is not None else None
         except Exception as e:  # noqa: BLE001
             error = e
         C.raise_if_any(grid.comm, error)
@@ -267,7 +276,7 @@ def load_slices(
     return step
 
 
-def _read_flat(f: h5py.File, key: str, bucket: Bucket, layout: _Plan, path: str) -> np.ndarray:
+def _read_flat(f: h5py.File, key: str, bucket: Bucket, layout: Plan, path: str) -> np.ndarray:
     """Local. This rank's slice of one flat tensor (the parameters, or one state key) from the file."""
     first = f[key.format(bucket.names[0])] if bucket.names else None
     dtype = native_dtype(first) if first is not None else np.dtype("float64")
@@ -287,7 +296,7 @@ def _read_flat(f: h5py.File, key: str, bucket: Bucket, layout: _Plan, path: str)
 
 
 def _read_optimizer(
-    f: h5py.File, path: str, layout: _Plan, optimizer: torch.optim.Optimizer
+    f: h5py.File, path: str, layout: Plan, optimizer: torch.optim.Optimizer, part: bool = False
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """Local. The saved hyperparameters and each bucket's slice state, checked against the model."""
     if "optimizer" not in f:
@@ -300,7 +309,8 @@ def _read_optimizer(
         )
     groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
     every = [n for n, _ in layout.sdp.module.named_parameters()]
-    if len(groups) != 1 or groups[0]["params"] != every:
+    fits = set(every) <= set(groups[0]["params"]) if part and len(groups) == 1 else groups[0]["params"] == every
+    if len(groups) != 1 or not fits:
         raise ValueError(
             f"{path}: optimizer param groups differ: saved {[g['params'] for g in groups]}, current [{every}] "
             "(a sharded model's optimizer has one group over all its parameters); build the same model"
@@ -336,7 +346,7 @@ def _state_keys(f: h5py.File, base: str) -> tuple[str, ...]:
 
 
 def _apply(
-    sdp: ShardedDataParallel, layout: _Plan, optimizer: torch.optim.Optimizer | None, shards: dict[int, np.ndarray],
+    sdp: ShardedDataParallel, layout: Plan, optimizer: torch.optim.Optimizer | None, shards: dict[int, np.ndarray],
     wholes: list[tuple[Entry, np.ndarray]], opt: tuple[dict[str, Any], dict[int, dict[str, Any]]] | None,
 ) -> None:  # fmt: skip
     """Collective over grid (stages 1-2 gather the whole parameters). Everything read, into the model."""

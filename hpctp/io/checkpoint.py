@@ -28,33 +28,29 @@ from ..comm import ProcessGrid, check_grid
 from ._ckpt_file import (
     FORMAT,
     VERSION,
-    as_tensor,
-    check_entries,
-    check_format,
     check_same_everywhere,
     class_name,
-    read_slab,
 )
+from ._ckpt_pipeline import load_pipeline, save_pipeline
+from ._ckpt_plain import check_modules, load_plain
 from ._ckpt_slices import load_slices, save_slices
 from ._ckpt_state import (
     Entry,
     file_dtype,
-    group_param_names,
-    groups_from_json,
     groups_json,
     model_entries,
     optimizer_entries,
-    param_names,
     storable,
 )
-from ._files import IOKeyError, check_path, resolve_method
+from ._files import check_path, resolve_method
 from ._writer import atomic_write
-from .hdf5 import create_dataset, open_for_read, write_block
+from .hdf5 import create_dataset, write_block
 
 if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp.io
     import torch
 
     from ..nn.distributed.sharded import ShardedDataParallel
+    from ..nn.pipeline_parallel.runtime import PipelineParallel
 
 __all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
 
@@ -103,6 +99,10 @@ def save_checkpoint(
     All raised on every rank.
     """
     grid = check_grid(grid)
+    pipe = _pipeline(model, grid)
+    if pipe is not None:
+        save_pipeline(path, pipe, optimizer, step, method)
+        return
     sharded = _sharded(model, grid)
     if sharded is not None:
         _save_sharded(path, sharded, optimizer, step, method)
@@ -114,7 +114,7 @@ def save_checkpoint(
     fname = ""
     try:
         fname = check_path(path)
-        _check_modules(model, optimizer)
+        check_modules(model, optimizer)
         if not is_int(step) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         resolved = resolve_method(method, grid.size)
@@ -179,6 +179,22 @@ def _sharded(model: object, grid: ProcessGrid) -> ShardedDataParallel | None:
     return model
 
 
+def _pipeline(model: object, grid: ProcessGrid) -> PipelineParallel | None:
+    """Collective over grid. ``model`` if it is a PipelineParallel of ``grid`` (checked on every rank), else None."""
+    from ..nn.pipeline_parallel.runtime import PipelineParallel  # here: hpctp.nn loads torch
+
+    if not isinstance(model, PipelineParallel):
+        return None
+    error = None
+    if model.plan.grid is not grid:
+        error = ValueError(
+            f"a PipelineParallel's checkpoint needs its plan's grid (dims {model.plan.grid.dims}) as grid, got another "
+            f"grid of dims {grid.dims}; pass pipe.plan.grid"
+        )
+    C.raise_if_any(grid.comm, error)
+    return model
+
+
 def _save_sharded(
     path: str | os.PathLike[str],
     sdp: ShardedDataParallel,
@@ -220,15 +236,6 @@ def _load_sharded(
         error = e
     C.raise_if_any(plan.grid.comm, error)
     return step
-
-
-def _check_modules(model: object, optimizer: object) -> None:
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
 
 
 def load_checkpoint(
@@ -282,115 +289,10 @@ def load_checkpoint(
     All raised on every rank; nothing is modified then.
     """
     grid = check_grid(grid)
+    pipe = _pipeline(model, grid)
+    if pipe is not None:
+        return load_pipeline(path, pipe, optimizer, strict, method)
     sharded = _sharded(model, grid)
     if sharded is not None:
         return _load_sharded(path, sharded, optimizer, strict, method)
-    error: Exception | None = None
-    fname = ""
-    try:
-        fname = check_path(path)
-        _check_modules(model, optimizer)
-        resolved = resolve_method(method, grid.size)
-    except (TypeError, ValueError) as e:
-        error = e
-    C.agree_arguments(
-        grid.comm,
-        "load_checkpoint",
-        error,
-        path=os.path.abspath(fname),
-        method=method,
-        strict=strict,
-        optimizer=optimizer is not None,
-    )
-    f = open_for_read(fname, grid, resolved)
-    try:
-        step = 0
-        values: list[tuple[Entry, np.ndarray]] = []
-        opt_state: dict[str, Any] | None = None
-        try:
-            step = check_format(f, fname)
-            entries = model_entries(model, grid)
-            check_entries(f, fname, entries, "model", strict)
-            values = [(e, _read(f, e, grid, fname)) for e in entries]
-            if optimizer is not None:
-                opt_state = _read_optimizer(f, fname, model, optimizer, grid)
-        except Exception as e:  # noqa: BLE001
-            error = e
-        C.raise_if_any(grid.comm, error)
-    finally:
-        f.close()
-    import torch
-
-    try:
-        with torch.no_grad():
-            for entry, buf in values:
-                entry.tensor.copy_(as_tensor(buf, entry.dtype))
-        if optimizer is not None and opt_state is not None:
-            optimizer.load_state_dict(opt_state)
-    except Exception as e:  # noqa: BLE001 - validated above, so not expected; still agree
-        error = e
-    C.raise_if_any(grid.comm, error)
-    return step
-
-
-def _read(f: h5py.File, e: Entry, grid: ProcessGrid, path: str) -> np.ndarray:
-    return read_slab(f[e.key], e.selection(grid), path)
-
-
-def _read_optimizer(
-    f: h5py.File, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grid: ProcessGrid
-) -> dict[str, Any]:
-    if "optimizer" not in f:
-        raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
-    saved_class = f["optimizer"].attrs.get("class", None)
-    if saved_class is not None and str(saved_class) != class_name(optimizer):
-        raise ValueError(
-            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {class_name(optimizer)}; "
-            f"build the same optimizer type, or pass optimizer=None to load the model only"
-        )
-    saved_groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
-    current = group_param_names(model, optimizer)
-    saved_names = [g["params"] for g in saved_groups]
-    if saved_names != current:
-        raise ValueError(
-            f"{path}: optimizer param groups differ: saved {saved_names}, current {current}; "
-            f"build the optimizer with the same parameter groups as when saving"
-        )
-    names = param_names(model)
-    state: dict[int, dict[str, Any]] = {}
-    index = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            base = f"optimizer/state/{names[id(p)]}"
-            if base in f:
-                state[index] = _read_param_state(f, base, p, grid, path)
-            index += 1
-    groups = []
-    start = 0
-    for g in saved_groups:
-        n = len(g["params"])
-        groups.append({**g, "params": list(range(start, start + n))})
-        start += n
-    return {"state": state, "param_groups": groups}
-
-
-def _read_param_state(f: h5py.File, base: str, p: torch.Tensor, grid: ProcessGrid, path: str) -> dict[str, Any]:
-    """Number state from attributes; tensors shaped like ``p`` follow its layout, others are read whole."""
-    out: dict[str, Any] = {k: v.item() if isinstance(v, np.generic) else v for k, v in f[base].attrs.items()}
-    layout = getattr(p, "hpctp_layout", None)
-    for key, ds in f[base].items():
-        if not isinstance(ds, h5py.Dataset):
-            raise IOKeyError(f"{path}:{base}/{key} is a group, expected optimizer state tensors")
-        gshape = layout.global_shape if layout is not None else tuple(p.shape)
-        if bool(ds.attrs.get("sharded", False)) and tuple(ds.shape) != gshape:
-            raise ValueError(
-                f"{path}:{base}/{key} has shape {tuple(ds.shape)} but the parameter's global shape is {gshape}"
-            )
-        sharded = bool(ds.attrs.get("sharded", tuple(ds.shape) == gshape))  # saved flag; older files: by shape
-        if layout is not None and ds.ndim > 0 and sharded:
-            sel = layout.local_slices(grid.coords)  # sharded like the parameter: follow its layout
-        else:
-            sel = tuple(slice(0, n) for n in ds.shape)
-        dtype = str(ds.attrs.get("torch_dtype", ds.dtype.name))
-        out[key] = as_tensor(read_slab(ds, sel, path), dtype)
-    return out
+    return load_plain(path, model, optimizer, grid, strict, method)

@@ -23,7 +23,7 @@ from .distributed import (
     sync_gradients,
 )
 from .loss import global_l1_loss, global_mean, global_mse_loss, global_sum, relative_l2_error
-from .materialize import materialize
+from .meta import materialize
 from .pipeline_parallel import PipelineParallel
 from .spatial import (
     AvgPool2d,

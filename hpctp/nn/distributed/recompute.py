@@ -268,4 +268,5 @@ def checkpoint_forward(module: torch.nn.Module) -> torch.nn.Module:
         return forward(*args, **kwargs)
 
     module.forward = run  # type: ignore[method-assign]
+    setattr(module, "hpctp_recomputed", True)  # noqa: B010 (a pipeline's zero-bubble split leaves such a stage whole)
     return module

@@ -66,7 +66,7 @@ import torch
 from ... import comm as C
 from ...tensor.core import DistTensor
 from ..init import seeded
-from ..materialize import has_meta, materialize_modules, meta_problems, reset_order
+from ..meta import has_meta, materialize_modules, meta_problems, reset_order
 from ._bucket import Bucket, InFlight, ParamState
 from ._optimizer_state import copy_value, gather_flat, optimizer_like, slice_state, state_kinds
 from ._units import Unit, choose_units, owner_units
@@ -313,7 +313,7 @@ class ShardedDataParallel(torch.nn.Module):
     ) -> None:
         """Local. Values for a model built on ``meta``, computed on the CPU one group of modules at a time
         (stage 3: a unit; stages 0-2: the model, whose parameters stay whole), handed to the buckets,
-        then freed. Groups run in :func:`~hpctp.nn.materialize.reset_order`, so the generator is
+        then freed. Groups run in :func:`~hpctp.nn.meta.reset_order`, so the generator is
         consumed as construction would."""
         order = reset_order(model)
         owner = owner_units(model, chosen) if self.stage == 3 else {}

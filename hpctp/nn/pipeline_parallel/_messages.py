@@ -6,7 +6,8 @@ communicator, so a DistTensor activation (a field split over the spatial axes, t
 axis) moves block by block, in its layout. The first time a boundary carries a micro-batch of a size, the
 sender describes the activation (local shape, dtype, the DistTensor's global layout) in one small message
 (:data:`hpctp.comm.tags.PIPELINE_META`); both sides remember it, so later steps send only the data, one
-message per micro-batch each way (:data:`~hpctp.comm.tags.PIPELINE_ACTIVATION`,
+message per micro-batch and tensor each way (an activation may be a tuple of tensors: a U-Net's skip connections,
+a model's input carried to its residual output) (:data:`~hpctp.comm.tags.PIPELINE_ACTIVATION`,
 :data:`~hpctp.comm.tags.PIPELINE_GRADIENT`). Messages of one kind between two ranks match in the order
 they were sent (the schedule's lowering writes them so), so a tag per kind is all the matching needs.
 """
@@ -25,50 +26,77 @@ from ...comm import Pending, tags
 from ...layout import Layout
 from ...tensor.core import DistTensor
 
-__all__ = ["Described", "describe", "receive_description", "META_INTS"]
+__all__ = ["Part", "Described", "describe", "blocks_of", "receive_description", "META_INTS"]
 
 META_INTS = 512
-"""Length of a description message (int64): local shape, dtype, and a DistTensor's global shape, split and cuts."""
+"""Length of a description message (int64): for each tensor of the activation its local shape, dtype, and a
+DistTensor's global shape, split and cuts."""
 
 
 @dataclass(frozen=True)
-class Described:
-    """Local. An activation as the receiver rebuilds it: its block's shape and dtype, and its layout if a DistTensor."""
+class Part:
+    """Local. One tensor of an activation as the receiver rebuilds it: its block's shape and dtype, and its layout if
+    a DistTensor."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     layout: Layout | None
 
-    def empty(self, device: Any) -> torch.Tensor:
-        """Local. A buffer to receive the block into."""
-        return torch.empty(self.shape, dtype=self.dtype, device=device)
 
-    def wrap(self, block: torch.Tensor, grid: Any) -> Any:
-        """Local. The received block as the stage's input (a DistTensor when the sender's was)."""
-        return block if self.layout is None else DistTensor(block, grid, self.layout)
+@dataclass(frozen=True)
+class Described:
+    """Local. An activation: one tensor or DistTensor, or (``structured``) a tuple of them (e.g. a U-Net's skip
+    connections beside its features, or a model's input carried to its residual output), one message each."""
+
+    parts: tuple[Part, ...]
+    structured: bool = False
+
+    def empty(self, device: Any) -> list[torch.Tensor]:
+        """Local. Buffers to receive the blocks into."""
+        return [torch.empty(p.shape, dtype=p.dtype, device=device) for p in self.parts]
+
+    def wrap(self, blocks: list[torch.Tensor], grid: Any) -> Any:
+        """Local. The received blocks as the stage's input (DistTensors where the sender's were, a tuple where the
+        sender's was)."""
+        out = [b if p.layout is None else DistTensor(b, grid, p.layout) for p, b in zip(self.parts, blocks)]
+        return tuple(out) if self.structured else out[0]
 
 
-def describe(value: Any) -> tuple[torch.Tensor, Described]:
-    """Local. The block to send and its description.
-
-    Raises
-    ------
-    TypeError
-        If ``value`` is not a tensor or a DistTensor of a torch block.
-    """
+def _part(value: Any) -> tuple[torch.Tensor, Part]:
     if isinstance(value, DistTensor):
         block, layout = value.local, value.layout
     else:
         block, layout = value, None
     if not isinstance(block, torch.Tensor):
         raise TypeError(
-            f"a pipeline stage must return a torch.Tensor or a DistTensor of one (the next stage's input), "
-            f"got {type(value).__name__}"
+            f"a pipeline stage must return a torch.Tensor, a DistTensor of one, or a tuple of them (the next stage's "
+            f"input), got {type(value).__name__}"
         )
-    return block, Described(tuple(block.shape), block.dtype, layout)
+    return block, Part(tuple(block.shape), block.dtype, layout)
 
 
-def _encode(d: Described) -> np.ndarray:
+def describe(value: Any) -> tuple[list[torch.Tensor], Described]:
+    """Local. The blocks to send and their description.
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not a tensor, a DistTensor of a torch block, or a non-empty tuple of them.
+    """
+    structured = isinstance(value, tuple)
+    if structured and not value:
+        raise TypeError("a pipeline stage returned an empty tuple; return the tensors the next stage needs")
+    pairs = [_part(v) for v in (value if structured else (value,))]
+    return [b for b, _ in pairs], Described(tuple(p for _, p in pairs), structured)
+
+
+def blocks_of(value: Any) -> list[torch.Tensor]:
+    """Local. The torch blocks of an activation (a tensor, a DistTensor or a tuple of them)."""
+    parts = value if isinstance(value, tuple) else (value,)
+    return [v.local if isinstance(v, DistTensor) else v for v in parts]
+
+
+def _encode_part(d: Part) -> list[int]:
     out = [len(d.shape), *d.shape, dtype_code(d.dtype)]
     if d.layout is None:
         out.append(0)
@@ -78,21 +106,30 @@ def _encode(d: Described) -> np.ndarray:
         for a, cuts in zip(lay.split, lay.dim_cuts):
             if a is not None:
                 out += list(cuts)
+    return out
+
+
+def _encode(d: Described) -> np.ndarray:
+    out = [int(d.structured), len(d.parts)]
+    for part in d.parts:
+        out += _encode_part(part)
     if len(out) > META_INTS:
-        raise ValueError(f"an activation's description needs {len(out)} ints, more than {META_INTS}")
+        raise ValueError(
+            f"an activation's description needs {len(out)} ints, more than {META_INTS}: send fewer tensors between "
+            "stages (cut the model elsewhere)"
+        )
     msg = np.zeros(META_INTS, dtype=np.int64)
     msg[: len(out)] = out
     return msg
 
 
-def _decode(msg: np.ndarray, grid_dims: tuple[int, ...]) -> Described:
-    v = [int(x) for x in msg]
-    n = v[0]
-    shape = tuple(v[1 : 1 + n])
-    dtype = dtype_from_code(v[1 + n], "torch")
-    i = 2 + n
+def _decode_part(v: list[int], i: int, grid_dims: tuple[int, ...]) -> tuple[Part, int]:
+    n = v[i]
+    shape = tuple(v[i + 1 : i + 1 + n])
+    dtype = dtype_from_code(v[i + 1 + n], "torch")
+    i += 2 + n
     if not v[i]:
-        return Described(shape, dtype, None)
+        return Part(shape, dtype, None), i + 1
     g = v[i + 1]
     gshape = tuple(v[i + 2 : i + 2 + g])
     split = tuple(None if a < 0 else a for a in v[i + 2 + g : i + 2 + 2 * g])
@@ -104,7 +141,16 @@ def _decode(msg: np.ndarray, grid_dims: tuple[int, ...]) -> Described:
         else:
             cuts.append(tuple(v[j : j + grid_dims[a] + 1]))
             j += grid_dims[a] + 1
-    return Described(shape, dtype, Layout(gshape, grid_dims, split, tuple(cuts)))
+    return Part(shape, dtype, Layout(gshape, grid_dims, split, tuple(cuts))), j
+
+
+def _decode(msg: np.ndarray, grid_dims: tuple[int, ...]) -> Described:
+    v = [int(x) for x in msg]
+    parts, at = [], 2
+    for _ in range(v[1]):
+        part, at = _decode_part(v, at, grid_dims)
+        parts.append(part)
+    return Described(tuple(parts), bool(v[0]))
 
 
 def send_description(comm: Any, d: Described, dest: int) -> Pending:

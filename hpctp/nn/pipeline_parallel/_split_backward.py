@@ -9,9 +9,9 @@ it computes the input gradient, with the graph kept. ``W`` then runs, from each 
 captured gradient (a :class:`torch.autograd.graph.GradientEdge`), a backward restricted to the parameters
 reached from it without re-entering the input path, so no gradient is computed twice and every
 parameter's gradient is accumulated in its ``.grad`` (post-accumulate hooks run: ShardedDataParallel's
-messages start). A stage whose input needs no gradient (the first) computes everything in ``W``. Regions
-recomputed by activation checkpointing are one node to the outer graph: their weights' gradients come in
-``B``.
+messages start). A stage whose input needs no gradient (the first) computes everything in ``W``. A stage
+that recomputes activations (activation checkpointing replays its forward at the first unpack of each
+backward pass, once) is not split: its ``B`` computes the weights' gradients too and its ``W`` is empty.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ def backward_input(
     captured: dict[Node, tuple[torch.Tensor | None, ...]] = {}
     hooks = [n.register_prehook(lambda g, n=n: captured.__setitem__(n, g)) for n in boundary]
     try:
-        found = list(torch.autograd.grad(outputs, wanted, grads, retain_graph=True)) if wanted else []
+        found = (
+            list(torch.autograd.grad(outputs, wanted, grads, retain_graph=True, allow_unused=True)) if wanted else []
+        )
     finally:
         for h in hooks:
             h.remove()

@@ -21,7 +21,7 @@ rank, the action and the schedule table; :func:`hpctp.cli.run_main` then ends th
 from __future__ import annotations
 
 import contextlib
-import copy
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -36,12 +36,13 @@ from ...comm import Pending, tags
 from ...layout import block_range
 from ...tensor.core import DistTensor
 from ..distributed.plan import ParallelPlan
+from ..distributed.recompute import Checkpointed
 from ..distributed.sharded import ShardedDataParallel
 from ..init import seeded
-from ..materialize import has_meta, materialize_modules, meta_problems, reset_order
+from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
-from ._messages import Described, describe, receive_description, send_description
+from ._messages import Described, blocks_of, describe, receive_description, send_description
 from ._split_backward import backward_input
 from .schedules import Schedule, pipeline_schedule
 
@@ -52,6 +53,7 @@ RECEIVE_AHEAD = 3
 posting lets a large message land while this rank computes; each posted receive holds its buffer."""
 
 _K = ActionKind
+_LOG = logging.getLogger("hpctp.nn.pipeline")
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -61,8 +63,9 @@ class PipelineParallel(torch.nn.Module):
     Parameters
     ----------
     layers : torch.nn.Sequential or sequence of torch.nn.Module
-        The model as a chain of layers, each taking the previous one's output (a tensor or a
-        :class:`~hpctp.DistTensor` on ``plan.model_grid``), built on ``plan.model_grid`` on every rank,
+        The model as a chain of layers, each taking the previous one's output (a tensor, a
+        :class:`~hpctp.DistTensor` on ``plan.model_grid``, or a tuple of them: skip connections, the input
+        carried to a residual output; one message per tensor), built on ``plan.model_grid`` on every rank,
         identically, or on the ``meta`` device (then no rank ever holds more than its stages).
     plan : ParallelPlan
         With a pipeline axis of ``p`` ranks (a plan without one runs every stage on each rank).
@@ -90,6 +93,9 @@ class PipelineParallel(torch.nn.Module):
     ----------
     schedule : Schedule
     cuts : tuple of int
+    balance : tuple of (int, int, int, float, float, float)
+        Balanced cuts only: per stage ``(stage, first layer, end layer, share of the cost, parameter bytes,
+        activation bytes per micro-batch)``; also logged (logger ``hpctp.nn.pipeline``, grid rank 0).
     stages : tuple of int
         The stage indices this rank holds.
     modules_of : dict
@@ -163,6 +169,7 @@ class PipelineParallel(torch.nn.Module):
         )  # fmt: skip
         sched = cast(Schedule, sched)  # (agreed above: no rank failed)
         self.plan, self.schedule, self.zero = plan, sched, zero
+        self.balance: tuple[tuple[int, int, int, float, float, float], ...] = ()
         self.cuts = tuple(cuts) if cuts is not None else self._balance(chain, sample)
         self.stages = tuple(sched.stages_of(plan.pipeline_rank))
         target = _device(device, meta)
@@ -170,6 +177,7 @@ class PipelineParallel(torch.nn.Module):
         self.stage_modules = torch.nn.ModuleList(kept[s] for s in self.stages)
         self.modules_of = dict(zip(self.stages, self.stage_modules))
         self._last_grad_action = _last_gradient_actions(sched, plan.pipeline_rank)
+        self._splittable = {s: not _recomputes(m) for s, m in self.modules_of.items()}  # [Note: split backward]
         self._meta_sent: set[tuple[int, int]] = set()
         self._meta_known: dict[tuple[int, int], Described] = {}
         self._weights_of: dict[int, list[float]] = {}  # share size -> each micro-batch's share of the global batch
@@ -178,16 +186,34 @@ class PipelineParallel(torch.nn.Module):
     # ------------------------------------------------------------------ construction
     def _balance(self, chain: list[torch.nn.Module], sample: Any) -> tuple[int, ...]:
         """Collective over grid. Balanced cuts: measured forward time and saved activations per layer (the max
-        over ranks, so every rank cuts alike), or the parameter count without a sample."""
+        over ranks, so every rank cuts alike), or the parameter count without a sample; logged with each stage's
+        predicted share (:attr:`balance`)."""
         n = self.schedule.n_stages
+        params = [float(sum(p.numel() * p.element_size() for p in layer.parameters())) for layer in chain]
         if sample is None:
-            costs = [1.0 + sum(p.numel() for p in layer.parameters()) for layer in chain]
-            return balanced_cuts(costs, n)
-        times, saved = _profile(chain, sample)
-        both = np.array(times + saved, dtype=np.float64)
-        C.allreduce(self.plan.grid.comm, both, "max")
-        times, saved = both[: len(chain)].tolist(), both[len(chain) :].tolist()
-        return balanced_cuts(times, n, secondary=saved)
+            costs, saved = [1.0 + v for v in params], [0.0] * len(chain)
+            cuts = balanced_cuts(costs, n)
+        else:
+            times, saved = _profile(chain, sample)
+            both = np.array(times + saved, dtype=np.float64)
+            C.allreduce(self.plan.grid.comm, both, "max")
+            costs, saved = both[: len(chain)].tolist(), both[len(chain) :].tolist()
+            cuts = balanced_cuts(costs, n, secondary=saved)
+        total = sum(costs) or 1.0
+        self.balance = tuple(
+            (s, cuts[s], cuts[s + 1], sum(costs[cuts[s] : cuts[s + 1]]) / total, sum(params[cuts[s] : cuts[s + 1]]),
+             sum(saved[cuts[s] : cuts[s + 1]]))
+            for s in range(n)
+        )  # fmt: skip
+        if self.plan.grid.rank == 0:
+            what = "measured time" if sample is not None else "parameters"
+            rows = "; ".join(
+                f"stage {s}: layers {a}:{b}, {share:.0%} of the {what}, {p / 2**20:.2f} MiB of parameters"
+                + (f", {act / 2**20:.2f} MiB of activations per micro-batch" if sample is not None else "")
+                for s, a, b, share, p, act in self.balance
+            )
+            _LOG.info("pipeline cuts %s (balanced by %s): %s", cuts, what, rows)
+        return cuts
 
     def _build(
         self, chain: list[torch.nn.Module], seed: int | None, device: Any, meta: bool
@@ -198,10 +224,11 @@ class PipelineParallel(torch.nn.Module):
         if meta:
             with seeded(seed):
                 for i, layer in enumerate(chain):  # every layer, in order: the generator draws as one process's
-                    target = layer if i in owned else copy.deepcopy(layer)
-                    materialize_modules(reset_order(target), "cpu")
+                    materialize_modules(reset_order(layer), "cpu")
                     if i in owned:
                         layer.to(device)
+                    else:  # another rank's: drawn only for the generator's sake, then back on meta
+                        dematerialize(layer)
         out: dict[int, torch.nn.Module] = {}
         for s, idx in mine.items():
             module: torch.nn.Module = torch.nn.Sequential(OrderedDict((str(i), chain[i]) for i in idx))
@@ -340,8 +367,8 @@ class _Step:
         self.grid = pipe.plan.model_grid
         self.x: dict[tuple[int, int], Any] = {}  # the stage's input (a tensor that requires grad, or the data)
         self.y: dict[tuple[int, int], Any] = {}  # its output (or the weighted loss on the last stage)
-        self.received: dict[tuple[str, int, int], tuple[Pending, torch.Tensor]] = {}
-        self.dinput: dict[tuple[int, int], torch.Tensor | None] = {}
+        self.received: dict[tuple[str, int, int], tuple[list[Pending], list[torch.Tensor]]] = {}
+        self.dinput: dict[tuple[int, int], list[torch.Tensor | None]] = {}  # per tensor of the stage's input
         self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
         self.sends: list[tuple[Pending, torch.Tensor]] = []
         self.spans: list[tuple[str, float, float]] = []
@@ -356,12 +383,7 @@ class _Step:
         for j, a in enumerate(actions):
             self.post_ahead(actions[j : j + 1 + RECEIVE_AHEAD])
             try:
-                if a.kind.is_compute:
-                    t0 = time.perf_counter()
-                    self.handlers[a.kind](a)
-                    self.spans.append((str(a), t0, time.perf_counter()))
-                else:
-                    self.handlers[a.kind](a)
+                self.handlers[a.kind](a)
             except Exception as e:
                 raise RuntimeError(
                     f"PipelineParallel: pipeline rank {self.pipe.plan.pipeline_rank} failed at step {j} ({a}): {e}\n"
@@ -373,6 +395,10 @@ class _Step:
     # ------------------------------------------------------------------ messages
     def _peer(self, stage: int) -> int:
         return self.pipe.schedule.rank_of(stage)
+
+    def _local(self, stage: int) -> bool:
+        """Whether ``stage`` runs on this rank too (a pipeline of one rank holds every stage)."""
+        return self._peer(stage) == self.pipe.plan.pipeline_rank
 
     def _description(self, boundary: int, i: int) -> Described | None:
         return self.pipe._meta_known.get((boundary, self.sizes[i]))
@@ -400,12 +426,13 @@ class _Step:
         out = self.y.get((a.stage, a.microbatch))
         if out is None:
             return False
-        self._post("B", a, torch.empty_like(_block(out)), tags.PIPELINE_GRADIENT, a.stage + 1)
+        self._post("B", a, [torch.empty_like(b) for b in blocks_of(out)], tags.PIPELINE_GRADIENT, a.stage + 1)
         return True
 
-    def _post(self, kind: str, a: Action, buf: torch.Tensor, tag: int, peer_stage: int) -> None:
-        pending = C.irecv(self.comm, buf, self._peer(peer_stage), tag)
-        self.received[(kind, a.stage, a.microbatch)] = (pending, buf)
+    def _post(self, kind: str, a: Action, bufs: list[torch.Tensor], tag: int, peer_stage: int) -> None:
+        peer = self._peer(peer_stage)
+        pending = [C.irecv(self.comm, buf, peer, tag) for buf in bufs]
+        self.received[(kind, a.stage, a.microbatch)] = (pending, bufs)
 
     def _device(self) -> torch.device:
         for module in self.pipe.modules_of.values():
@@ -424,82 +451,105 @@ class _Step:
 
     def receive_gradient(self, a: Action) -> None:
         if ("B", a.stage, a.microbatch) not in self.received:
-            self._post("B", a, torch.empty_like(_block(self.y[(a.stage, a.microbatch)])), tags.PIPELINE_GRADIENT,
-                       a.stage + 1)  # fmt: skip
+            bufs = [torch.empty_like(b) for b in blocks_of(self.y[(a.stage, a.microbatch)])]
+            self._post("B", a, bufs, tags.PIPELINE_GRADIENT, a.stage + 1)
 
     def send_activation(self, a: Action) -> None:
-        block, d = describe(self.y[(a.stage, a.microbatch)])
-        key = (a.stage, self.sizes[a.microbatch])
+        blocks, d = describe(self.y[(a.stage, a.microbatch)])
+        key, peer = (a.stage, self.sizes[a.microbatch]), self._peer(a.stage + 1)
         if key not in self.pipe._meta_sent:
-            self.sends.append((send_description(self.comm, d, self._peer(a.stage + 1)), block))
+            self.sends.append((send_description(self.comm, d, peer), blocks[0]))
             self.pipe._meta_sent.add(key)
-        data = block.detach().contiguous()
-        self.sends.append((C.isend(self.comm, data, self._peer(a.stage + 1), tags.PIPELINE_ACTIVATION), data))
+        for block in blocks:
+            data = block.detach().contiguous()
+            self.sends.append((C.isend(self.comm, data, peer, tags.PIPELINE_ACTIVATION), data))
 
     def send_gradient(self, a: Action) -> None:
-        g = self.dinput.pop((a.stage, a.microbatch))
+        grads = self.dinput.pop((a.stage, a.microbatch))
         x = self.x.pop((a.stage, a.microbatch))
-        if g is None:  # (the input did not reach the output)
-            g = torch.zeros_like(_block(x))
-        data = g.contiguous()
-        self.sends.append((C.isend(self.comm, data, self._peer(a.stage - 1), tags.PIPELINE_GRADIENT), data))
+        peer = self._peer(a.stage - 1)
+        for g, block in zip(grads, blocks_of(x)):
+            data = torch.zeros_like(block) if g is None else g.contiguous()  # (None: the input reached no output)
+            self.sends.append((C.isend(self.comm, data, peer, tags.PIPELINE_GRADIENT), data))
 
-    def _take(self, kind: str, stage: int, i: int) -> torch.Tensor:
-        pending, buf = self.received.pop((kind, stage, i))
-        pending.wait()
-        return buf
+    def _take(self, kind: str, stage: int, i: int) -> list[torch.Tensor]:
+        pending, bufs = self.received.pop((kind, stage, i))
+        for p in pending:
+            p.wait()
+        return bufs
 
     # ------------------------------------------------------------------ compute
     def forward(self, a: Action) -> None:
         s, i = a.stage, a.microbatch
         if s == 0:
             x = _rows(self.inputs, self.starts[i], self.starts[i + 1])
+        elif self._local(s - 1):  # the previous stage on this rank (one pipeline rank): handed over, no message
+            prev = self.y[(s - 1, i)]
+            x = _detached(prev)
         else:
-            block = self._take("F", s, i).requires_grad_(True)
-            x = self._description(s - 1, i).wrap(block, self.grid)  # type: ignore[union-attr]
+            blocks = [b.requires_grad_(True) for b in self._take("F", s, i)]
+            x = self._description(s - 1, i).wrap(blocks, self.grid)  # type: ignore[union-attr]
         self.x[(s, i)] = x
-        module = self.pipe.modules_of[s]
-        with self._gradient_sync(a):
-            out = module(x)
+        t0 = time.perf_counter()  # (after the input arrived: a span is computation, never waiting)
+        out = self.pipe.modules_of[s](x)
         if s == self.last:
             target = _rows(self.targets, self.starts[i], self.starts[i + 1])
             loss = self.loss_fn(out, target) * self.share_of[i]
             self.loss += float(loss.detach())
             out = loss
         self.y[(s, i)] = out
+        self.spans.append((str(a), t0, time.perf_counter()))
 
-    def _gradient_sync(self, a: Action) -> contextlib.AbstractContextManager[Any]:
+    def _gradient_sync(self, a: Action, whole: bool = False) -> contextlib.AbstractContextManager[Any]:
         """Inside the stage's no_sync unless ``a`` is the stage's last gradient pass (ZeRO 0-2: gradients wait in
-        the buckets until then; stage 3 sends every micro-batch's, into its slices)."""
+        the buckets until then; stage 3 sends every micro-batch's, into its slices). ``whole``: a backward that
+        computes the weights' gradients too, where a zero-bubble schedule's W would have."""
         module = self.pipe.modules_of[a.stage]
         if not isinstance(module, ShardedDataParallel) or module.stage == 3 or a.kind is _K.F:
             return contextlib.nullcontext()
-        if self.pipe._last_grad_action[a.stage] == (a.kind, a.microbatch):
+        kind = _K.W if whole and self.pipe.schedule.split_backward else a.kind
+        if self.pipe._last_grad_action[a.stage] == (kind, a.microbatch):
             return contextlib.nullcontext()
         return module.no_sync()
 
     def backward(self, a: Action) -> None:
         s, i = a.stage, a.microbatch
         out = self.y.pop((s, i))
-        grad = None if s == self.last else self._take("B", s, i)
-        root = out if s == self.last else _block(out)
-        x_block = _block(self.x[(s, i)]) if s > 0 else None
+        roots: list[torch.Tensor] = [out]
+        grads: list[torch.Tensor | None] = [None]  # (the last stage: the loss's 1)
+        if s != self.last:
+            if self._local(s + 1):
+                arrived: list[torch.Tensor | None] = self.dinput.pop((s + 1, i))
+                del self.x[(s + 1, i)]
+            else:
+                arrived = list(self._take("B", s, i))
+            # (outputs that need no gradient: data passed through from the first stage's input)
+            pairs = [(b, g) for b, g in zip(blocks_of(out), arrived) if b.requires_grad and g is not None]
+            roots, grads = [b for b, _ in pairs], [g for _, g in pairs]
+        x_blocks = blocks_of(self.x[(s, i)]) if s > 0 else []
+        t0 = time.perf_counter()
         module = self.pipe.modules_of[s]
-        if self.pipe.schedule.split_backward:
+        if self.pipe.schedule.split_backward and self.pipe._splittable[s]:
             params = [p for p in _inner(module).parameters() if p.requires_grad]
-            dx, weights = backward_input([root], [grad], [x_block] if x_block is not None else [], params)
+            dx, weights = backward_input(roots, grads, x_blocks, params)
             self.weight_pass[(s, i)] = weights
-            self.dinput[(s, i)] = dx[0] if dx else None
-        else:
-            with self._gradient_sync(a):
-                torch.autograd.backward([root], None if grad is None else [grad])
-            self.dinput[(s, i)] = x_block.grad if x_block is not None else None
+            self.dinput[(s, i)] = list(dx)
+        else:  # (zero-bubble on a stage with recomputed layers: the weights' gradients come here, W does nothing)
+            with self._gradient_sync(a, whole=True):
+                if roots:
+                    torch.autograd.backward(roots, None if s == self.last else grads)
+            self.dinput[(s, i)] = [b.grad for b in x_blocks]
+            if self.pipe.schedule.split_backward:
+                self.weight_pass[(s, i)] = _nothing
         if s == 0:
             del self.x[(s, i)]
+        self.spans.append((str(a), t0, time.perf_counter()))
 
     def weights(self, a: Action) -> None:
+        t0 = time.perf_counter()
         with self._gradient_sync(a):
             self.weight_pass.pop((a.stage, a.microbatch))()
+        self.spans.append((str(a), t0, time.perf_counter()))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -552,8 +602,23 @@ def _rows(x: Any, a: int, b: int) -> Any:
     return x[a:b]
 
 
-def _block(x: Any) -> torch.Tensor:
-    return x.local if isinstance(x, DistTensor) else x
+def _nothing() -> None:
+    """A weight-gradient pass with nothing left to do."""
+
+
+def _recomputes(module: torch.nn.Module) -> bool:
+    """Whether a stage recomputes activations in backward (:func:`hpctp.nn.checkpoint_forward`, Checkpointed): its
+    backward cannot be split, since the recompute runs once per pass."""
+    return any(getattr(m, "hpctp_recomputed", False) or isinstance(m, Checkpointed) for m in module.modules())
+
+
+def _detached(x: Any) -> Any:
+    """A stage's output as the next stage's input on the same rank: new leaves, so each stage has its own graph."""
+    if isinstance(x, tuple):
+        return tuple(_detached(v) for v in x)
+    if isinstance(x, DistTensor):
+        return x.with_local(x.local.detach().requires_grad_(True))
+    return x.detach().requires_grad_(True)
 
 
 def _inner(module: torch.nn.Module) -> torch.nn.Module:

@@ -24,7 +24,7 @@ from ...layout import Layout, normalize_split
 from ...tensor.core import DistTensor
 from ...tensor.infer import infer_layout
 
-__all__ = ["FieldInput", "field_axes", "field_input", "full_split", "resolve_layout", "split_items"]
+__all__ = ["FieldInput", "block_checker", "field_axes", "field_input", "full_split", "resolve_layout", "split_items"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,21 @@ def split_items(split: object) -> tuple[Any, ...] | None:
         return tuple(split)  # type: ignore[call-overload, arg-type]
     except TypeError:
         raise TypeError(f"split must be a sequence of grid axes (or None), got {split!r}") from None
+
+
+def block_checker(nd: int, channels: int, name: str = "channels") -> Callable[[torch.Tensor], None]:
+    """Local. The check of a layer's input block ``(N, C, *spatial)``: ``nd`` spatial dims, ``channels`` in dim 1
+    (``name``: what the layer calls them), for :func:`field_input`'s ``check``."""
+
+    def check(x: torch.Tensor) -> None:
+        if x.dim() != nd + 2:
+            raise ValueError(
+                f"expected a batched {nd + 2}-D block (N, C, *spatial) (channels first), got {x.dim()} dims"
+            )
+        if x.shape[1] != channels:
+            raise ValueError(f"expected {channels} {name} in dim 1, got {x.shape[1]}")
+
+    return check
 
 
 def full_split(split: object, nd: int, grid_ndim: int) -> tuple[int | None, ...]:

@@ -772,38 +772,119 @@ def _unit_index(k_index: list[torch.Tensor | None], u: _Unit) -> torch.Tensor | 
     return None if index is None else index[u.k0 : u.k1]
 
 
+class _FlashKernel:
+    """Local. The block computation of the ring with the flash kernel: each unit's pieces (:func:`_flash_pieces`),
+    their masks built in; the kernel keeps ``(lse, o)`` and ``dq`` itself."""
+
+    def __init__(self, plan: RingPlan, units: list[_Unit]) -> None:
+        self.pieces = _flash_pieces(plan, units)
+        self.dq: torch.Tensor | None = None  # backward: the first block's share becomes it
+
+    # forward
+    def start_forward(self, q: torch.Tensor, lse: torch.Tensor, o: torch.Tensor) -> None:
+        self.q, self.stats = q, (lse, o)
+
+    def forward_unit(
+        self, i: int, u: _Unit, kk: torch.Tensor, vv: torch.Tensor, scale: float, poke: Callable[[], None]
+    ) -> None:
+        if self.pieces[i]:
+            _flash_forward_block(self.q, kk, vv, self.stats, scale, self.pieces[i], poke)
+
+    def end_forward(self, o: torch.Tensor, lse: torch.Tensor) -> None:
+        """(the kernel's running statistics are final)"""
+
+    # backward
+    def start_backward(
+        self, dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, acc: torch.dtype
+    ) -> None:
+        self.dout, self.q, self.out, self.lse = dout, q, out, lse
+
+    def backward_unit(
+        self, i: int, u: _Unit, kk: torch.Tensor, vv: torch.Tensor, scale: float, poke: Callable[[], None]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.pieces[i]:
+            return None
+        self.dq, dk, dv = _flash_backward_block(
+            self.dout, self.q, kk, vv, self.out, self.lse, self.dq, scale, self.pieces[i], poke
+        )
+        return dk, dv
+
+
+class _TileKernel:
+    """Local. The block computation of the ring in key tiles (:func:`_forward_block`, :func:`_backward_block`): masks
+    from the token indices, a running maximum and sum of exponentials in forward, ``dq`` in scratch tiles."""
+
+    def __init__(self, plan: RingPlan) -> None:
+        self.plan = plan
+
+    # forward
+    def start_forward(self, q: torch.Tensor, lse: torch.Tensor, o: torch.Tensor) -> None:
+        acc = lse.dtype
+        self.qa = q.to(acc)
+        self.denom = torch.zeros(lse.shape, dtype=acc, device=q.device)  # the sum of exponentials
+        self.stats = (lse, self.denom, o)  # (lse: the running maximum until end_forward)
+        self.q_index, self.k_index = _indices(self.plan, q.device)
+
+    def forward_unit(
+        self, i: int, u: _Unit, kk: torch.Tensor, vv: torch.Tensor, scale: float, poke: Callable[[], None]
+    ) -> None:
+        if self.plan.steps[u.s].visibility != "none":
+            _forward_block(self.qa, kk, vv, self.stats, scale, self.q_index, _unit_index(self.k_index, u), poke)
+
+    def end_forward(self, o: torch.Tensor, lse: torch.Tensor) -> None:
+        o.div_(self.denom[..., None])
+        lse.add_(torch.log(self.denom))
+
+    # backward
+    def start_backward(
+        self, dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, acc: torch.dtype
+    ) -> None:
+        self.dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        self.qa, self.doa, self.lse = q.to(acc), dout.to(acc), lse
+        self.delta = (self.doa * out.to(acc)).sum(dim=-1)
+        self.q_index, self.k_index = _indices(self.plan, q.device)
+
+    def backward_unit(
+        self, i: int, u: _Unit, kk: torch.Tensor, vv: torch.Tensor, scale: float, poke: Callable[[], None]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.plan.steps[u.s].visibility == "none":
+            return None
+        acc = self.qa.dtype
+        dk = torch.zeros(kk.shape, dtype=acc, device=kk.device)
+        dv = torch.zeros(vv.shape, dtype=acc, device=vv.device)
+        _backward_block(
+            self.qa, kk, vv, self.doa, self.lse, self.delta, self.dq, dk, dv, scale, self.q_index,
+            _unit_index(self.k_index, u), poke,
+        )  # fmt: skip
+        return dk, dv
+
+
+_Kernel = _FlashKernel | _TileKernel
+
+
 def _ring_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float,
-    units: list[_Unit], pieces: list[list[_Piece]] | None,
+    units: list[_Unit], kernel: _Kernel,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Collective over the ring. ``(out, lse)`` of this rank's queries (accumulation dtype); ``pieces``: each
-    unit's flash pieces (:func:`_flash_pieces`), or None for key tiles."""
+    """Collective over the ring. ``(out, lse)`` of this rank's queries (accumulation dtype): each unit's K/V piece
+    arrives (:class:`_KVRing`) and ``kernel`` adds its blocks."""
     b, h, lq, _ = q.shape
     acc = _acc_dtype(q.dtype)
     o = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
-    lse = torch.full((b, h, lq), -math.inf, dtype=acc, device=q.device)  # key tiles: the running maximum
-    if pieces is None:
-        qa = q.to(acc)
-        denom = torch.zeros((b, h, lq), dtype=acc, device=q.device)  # the sum of exponentials
-        q_index, k_index = _indices(plan, q.device)
+    lse = torch.full((b, h, lq), -math.inf, dtype=acc, device=q.device)
+    kernel.start_forward(q, lse, o)
     ring = _KVRing(grid, plan, k, v, units)
     poke = _poke(ring.pending)
     try:
         for i, u in enumerate(units):
             kk, vv = ring.take(i)
-            if pieces is not None:
-                if pieces[i]:
-                    _flash_forward_block(q, kk, vv, (lse, o), scale, pieces[i], poke)
-            elif plan.steps[u.s].visibility != "none":
-                _forward_block(qa, kk, vv, (lse, denom, o), scale, q_index, _unit_index(k_index, u), poke)
+            kernel.forward_unit(i, u, kk, vv, scale, poke)
             del kk, vv
             ring.done()
         ring.finish()
     finally:
         ring.release()
-    if pieces is None:
-        o.div_(denom[..., None])
-        lse.add_(torch.log(denom))
+    kernel.end_forward(o, lse)
     return o, lse
 
 
@@ -813,25 +894,17 @@ def _zeros_if_none(x: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtyp
 
 def _ring_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool, units: list[_Unit],
-    pieces: list[list[_Piece]] | None,
+    grid: ProcessGrid, plan: RingPlan, scale: float, want_kv: bool, units: list[_Unit], kernel: _Kernel,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Collective over the ring. ``(dq, dk, dv)`` (accumulation dtype; ``dk``/``dv`` None unless ``want_kv``).
 
     The K/V pieces travel as in the forward pass. Each piece's dK/dV follows one unit behind it
-    (:class:`_GradRing`): a rank computes its share of the piece it holds (flash pieces: the kernel's own
-    tensors; key tiles: a scratch piece), then waits for the dK/dV accumulated so far (sent by its
-    predecessor after that rank's share), adds, and sends it on; after the last step of a piece index
-    every block's piece has reached its owner.
+    (:class:`_GradRing`): a rank computes its share of the piece it holds (``kernel``), then waits for the
+    dK/dV accumulated so far (sent by its predecessor after that rank's share), adds, and sends it on; after
+    the last step of a piece index every block's piece has reached its owner.
     """
-    b, h, lq, d = q.shape
     acc = _acc_dtype(q.dtype)
-    dq: torch.Tensor | None = None  # flash: the first block's share becomes it
-    if pieces is None:
-        dq = dq_tiles = torch.zeros((b, h, lq, d), dtype=acc, device=q.device)
-        qa, doa = q.to(acc), dout.to(acc)
-        delta = (doa * out.to(acc)).sum(dim=-1)
-        q_index, k_index = _indices(plan, q.device)
+    kernel.start_backward(dout, q, out, lse, acc)
     ring = _KVRing(grid, plan, k, v, units)
     travel = want_kv and ring.travel
     grads = _GradRing(ring, acc) if travel else None
@@ -845,21 +918,7 @@ def _ring_backward(
             kk, vv = ring.take(i)
             if grads is not None:
                 grads.post(i)
-            share: tuple[torch.Tensor, torch.Tensor] | None = None
-            if pieces is not None:
-                if pieces[i]:
-                    dq, dk_s, dv_s = _flash_backward_block(dout, q, kk, vv, out, lse, dq, scale, pieces[i], poke)
-                    share = (dk_s, dv_s)
-                    del dk_s, dv_s
-            elif plan.steps[u.s].visibility != "none":
-                share = (
-                    torch.zeros(kk.shape, dtype=acc, device=k.device),
-                    torch.zeros(vv.shape, dtype=acc, device=v.device),
-                )
-                _backward_block(
-                    qa, kk, vv, doa, lse, delta, dq_tiles, share[0], share[1], scale, q_index,
-                    _unit_index(k_index, u), poke,
-                )  # fmt: skip
+            share = kernel.backward_unit(i, u, kk, vv, scale, poke)
             del kk, vv
             ring.done()
             if grads is not None:
@@ -872,8 +931,8 @@ def _ring_backward(
         ring.finish()
         if grads is not None:
             grads.finish()
-            return _zeros_if_none(dq, q, acc), grads.dk, grads.dv
-        return _zeros_if_none(dq, q, acc), own_k, own_v
+            return _zeros_if_none(kernel.dq, q, acc), grads.dk, grads.dv
+        return _zeros_if_none(kernel.dq, q, acc), own_k, own_v
     finally:
         ring.release()
 
@@ -886,12 +945,13 @@ class _RingAttention(torch.autograd.Function):
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: ProcessGrid, plan: RingPlan, scale: float
     ) -> torch.Tensor:
         units = _units(plan, RING_PIECES)
-        pieces = _flash_pieces(plan, units) if _flash_applies(q, k, v) else None
+        flash = _flash_applies(q, k, v)
+        kernel: _Kernel = _FlashKernel(plan, units) if flash else _TileKernel(plan)
         with autocast_off(q):  # (autocast: the inputs are cast already; the statistics stay in float32)
-            out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, units, pieces)
+            out, lse = _ring_forward(q.detach(), k.detach(), v.detach(), grid, plan, scale, units, kernel)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.grid, ctx.plan, ctx.scale, ctx.flash = grid, plan, scale, pieces is not None
+        ctx.grid, ctx.plan, ctx.scale, ctx.flash = grid, plan, scale, flash
         return out
 
     @staticmethod
@@ -899,11 +959,11 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         want_kv = bool(ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
         units = _units(ctx.plan, RING_PIECES_BACKWARD)
-        pieces = _flash_pieces(ctx.plan, units) if ctx.flash else None
+        kernel: _Kernel = _FlashKernel(ctx.plan, units) if ctx.flash else _TileKernel(ctx.plan)
         with autocast_off(q):
             dq, dk, dv = _ring_backward(
                 dout.contiguous(), q.detach(), k.detach(), v.detach(), out, lse, ctx.grid, ctx.plan, ctx.scale,
-                want_kv, units, pieces,
+                want_kv, units, kernel,
             )  # fmt: skip
         return (
             dq.to(q.dtype),

@@ -43,7 +43,7 @@ from ...halo.plan import fetch_plan
 from ...layout import Layout
 from ..init import SeededReset, init_replicated
 from ..spatial._fetch import Fetch
-from ..spatial._inputs import FieldInput, field_input, full_split
+from ..spatial._inputs import FieldInput, block_checker, field_input, full_split
 from ..spatial._window import Tie
 
 __all__ = ["NeighborhoodAttention2d", "NeighborhoodAttention3d", "neighborhood_mask"]
@@ -166,6 +166,7 @@ class _NeighborhoodAttention(SeededReset, torch.nn.Module):
         self.head_dim = self.embed_dim // self.num_heads
         self.kernel_size = kernel
         self.periodic = flags
+        self._check_block = block_checker(nd, self.embed_dim, "channels (embed_dim)")
 
         def init() -> None:  # torch.nn.MultiheadAttention's order: out_proj first, then the in-projection
             kw = {"device": device, "dtype": dtype}
@@ -183,14 +184,6 @@ class _NeighborhoodAttention(SeededReset, torch.nn.Module):
         init_replicated(self, init, grid, seed)
 
     # ------------------------------------------------------------------ checks
-    def _check_block(self, x: torch.Tensor) -> None:
-        if x.dim() != self._nd + 2:
-            raise ValueError(
-                f"expected a batched {self._nd + 2}-D block (N, C, *spatial) (channels first), got {x.dim()} dims"
-            )
-        if x.shape[1] != self.embed_dim:
-            raise ValueError(f"expected {self.embed_dim} channels (embed_dim) in dim 1, got {x.shape[1]}")
-
     def _check_field(self, layout: Layout) -> None:
         """Local (the layout is global: the same verdict on every rank). A periodic window must fit the field."""
         for d, (n, k, per) in enumerate(zip(layout.global_shape[2:], self.kernel_size, self.periodic)):

@@ -23,7 +23,7 @@ backward their gradients are this rank's partial sums, to be summed with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from ..._util.ints import is_int, positive_ints
 from ...comm import ProcessGrid, check_grid
 from ...layout import Layout, block_cuts
 from ..init import SeededReset, init_replicated
-from ..spatial._inputs import field_input, full_split
+from ..spatial._inputs import block_checker, field_input, full_split
 from ..spatial._window import Tie
 
 __all__ = [
@@ -184,16 +184,6 @@ def _misaligned_message(
     )
 
 
-def _check_field(nd: int, channels: int) -> Callable[[torch.Tensor], None]:
-    def check(x: torch.Tensor) -> None:
-        if x.dim() != nd + 2:
-            raise ValueError(f"expected a batched {nd + 2}-D block (N, C, *spatial), got {x.dim()} dims")
-        if x.shape[1] != channels:
-            raise ValueError(f"expected {channels} channels in dim 1, got {x.shape[1]}")
-
-    return check
-
-
 def _adopt(module: torch.nn.Module, ref: Any) -> None:
     """Local. ``ref``'s ``weight`` and ``bias`` (or no bias) as ``module``'s parameters."""
     module.weight = ref.weight
@@ -234,6 +224,7 @@ class _PatchEmbed(SeededReset, torch.nn.Module):
         super().__init__()
         self.grid, self.split = grid, full[2:]
         self.in_channels, self.embed_dim, self.patch_size = int(in_channels), int(embed_dim), sizes
+        self._check_block = block_checker(nd, self.in_channels)
         conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)[nd - 1]
 
         def init() -> None:  # the values of torch's ConvNd(C, E, p, stride=p) built after manual_seed(seed)
@@ -278,7 +269,7 @@ class _PatchEmbed(SeededReset, torch.nn.Module):
             Wrong dims or channels, or a cut inside a patch (naming the cuts and the fix);
             on every rank for a DistTensor or an inferred layout.
         """
-        check = _check_field(self._nd, self.in_channels)
+        check = self._check_block
         field = field_input(x, self.grid, self.split, self._nd, layout, check=check, collective=layout is None)
         lay = field.global_layout
         bad = misaligned_cuts(lay, self.patch_size)
@@ -333,6 +324,7 @@ class _Unpatch(SeededReset, torch.nn.Module):
         super().__init__()
         self.grid, self.split = grid, full[2:]
         self.embed_dim, self.out_channels, self.patch_size = int(embed_dim), int(out_channels), sizes
+        self._check_block = block_checker(nd, self.embed_dim)
 
         def init() -> None:  # the values of torch.nn.Linear(E, C * prod(p)) built after manual_seed(seed)
             _adopt(
@@ -366,7 +358,7 @@ class _Unpatch(SeededReset, torch.nn.Module):
         ValueError
             Wrong dims or channels (on this rank; on every rank for a DistTensor).
         """
-        check = _check_field(self._nd, self.embed_dim)
+        check = self._check_block
         field = field_input(x, self.grid, self.split, self._nd, layout, check=check, collective=False)
         blk, nd, sizes = field.block, self._nd, self.patch_size
         n, tokens = blk.shape[0], tuple(blk.shape[2:])

@@ -22,7 +22,7 @@ import torch
 
 from .init import seeded
 
-__all__ = ["materialize", "meta_problems", "has_meta", "reset_order"]
+__all__ = ["materialize", "meta_problems", "has_meta", "reset_order", "dematerialize"]
 
 
 def _own_tensors(m: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -110,6 +110,20 @@ def _allocate_own(m: torch.nn.Module, device: Any) -> None:
             m._buffers[name] = torch.empty_like(b, device=device)
 
 
+def dematerialize(module: torch.nn.Module) -> None:
+    """Local. Move every parameter and buffer of ``module`` back to the meta device (releasing its storage), keeping
+    the parameter objects: for layers materialized only to draw the random numbers construction draws."""
+    for m in module.modules():
+        for p in list(m._parameters.values()):
+            if p is not None and not p.is_meta:
+                attrs = dict(p.__dict__)
+                torch.utils.swap_tensors(p, torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad))
+                p.__dict__.update(attrs)
+        for name, b in list(m._buffers.items()):
+            if b is not None and not b.is_meta:
+                m._buffers[name] = torch.empty_like(b, device="meta")
+
+
 def _covers_meta_child(m: torch.nn.Module, materialized: dict[int, bool]) -> bool:
     if not getattr(m, "hpctp_resets_children", False):
         return False
@@ -130,7 +144,7 @@ def materialize(module: torch.nn.Module, *, seed: int | None = None, device: Any
 
     Each rank materializes its own blocks (no communication): a sharded parameter gets this rank's
     block of the grid-independent global tensor, a replicated one the same values on every rank.
-    See :mod:`hpctp.nn.materialize` for the order of the resets.
+    See :mod:`hpctp.nn.meta` for the order of the resets.
 
     Parameters
     ----------

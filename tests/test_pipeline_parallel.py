@@ -1,0 +1,337 @@
+"""PipelineParallel against one process: every schedule on pipeline x data / tensor / spatial grids, activations that
+are tuples of tensors (skips, the input carried to a residual), uneven layer counts and micro-batches, ZeRO 1-2 per
+stage, activation checkpointing, models built on meta; the messages it sends; bad input refused on every rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import hpctp
+from hpctp.nn import ParallelMLP, ParallelPlan, PipelineParallel, global_mse_loss, global_state_dict
+from hpctp.testing import assert_all, assert_allclose, assert_equal
+
+WORLD = MPI.COMM_WORLD
+F64 = torch.float64
+N, M, STEPS = 7, 3, 5  # 7 samples in 3 micro-batches (3, 2, 2 on one data group)
+E, H, C, FH, FW = 4, 5, 2, 7, 5  # features, hidden units (5 over 2), channels, field rows (7 over 3), columns
+
+
+def _mlp(grid: hpctp.ProcessGrid | None) -> list[torch.nn.Module]:
+    """9 layers: Linear, Tanh, ... (cut unevenly by most stage counts)."""
+    torch.manual_seed(0)
+    out: list[torch.nn.Module] = []
+    for _ in range(5):
+        out += [torch.nn.Linear(E, E, dtype=F64), torch.nn.Tanh()]
+    return out[:-1]
+
+
+def _tensor(grid: hpctp.ProcessGrid, axis: int = 0) -> list[torch.nn.Module]:
+    """ParallelMLP blocks (hidden units over the tensor axis) with tanh between; on a 1-rank grid the reference."""
+    out: list[torch.nn.Module] = []
+    for k in range(3):
+        out += [ParallelMLP(E, H, grid, axis=axis, seed=10 + k, dtype=F64), torch.nn.Tanh()]
+    return out[:-1]
+
+
+def _spatial(grid: hpctp.ProcessGrid, axis: int = 0) -> list[torch.nn.Module]:
+    """3x3 convolutions (rows over the spatial axis: halo exchanges) with tanh between; DistTensor activations."""
+    out: list[torch.nn.Module] = []
+    for k in range(4):
+        out += [hpctp.nn.Conv2d(C, C, 3, padding=1, grid=grid, split=(axis, None), seed=20 + k, dtype=F64)]
+        out += [torch.nn.Tanh()]
+    return out[:-1]
+
+
+class _Carry(torch.nn.Module):
+    """x -> (x, x): the input travels beside the features, to the residual at the end."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x, x)
+
+
+class _Push(torch.nn.Module):
+    """(x, *skips) -> (x, *skips, tanh(linear(skips[-1]))): a tuple that grows (a U-Net's way down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(E, E, dtype=F64)
+
+    def forward(self, t: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (*t, torch.tanh(self.linear(t[-1])))
+
+
+class _Merge(torch.nn.Module):
+    """(x, *skips, a, b) -> (x, *skips, linear([a, b])): the way up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2 * E, E, dtype=F64)
+
+    def forward(self, t: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (*t[:-2], self.linear(torch.cat([t[-2], t[-1]], dim=1)))
+
+
+class _Residual(torch.nn.Module):
+    """(x, h) -> x + linear(h)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(E, E, dtype=F64)
+
+    def forward(self, t: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, h = t
+        return x + self.linear(h)
+
+
+def _skips(grid: hpctp.ProcessGrid | None) -> list[torch.nn.Module]:
+    """8 layers whose activations are tuples of 2 to 4 tensors (the input carried to a residual, skips)."""
+    torch.manual_seed(0)
+    return [_Carry(), _Push(), _Push(), _Push(), _Merge(), _Merge(), _Merge(), _Residual()]
+
+
+def _batch(kind: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    shape = (N, C, FH, FW) if kind == "spatial" else (N, E)
+    return torch.randn(shape, generator=g, dtype=F64), torch.randn(shape, generator=g, dtype=F64)
+
+
+def _share(plan: ParallelPlan, kind: str, x: torch.Tensor) -> Any:
+    """This data group's samples; a field split over the spatial axis as a DistTensor on the model grid."""
+    a, b = plan.sample_range(N)
+    part = x[a:b].contiguous()
+    if kind != "spatial":
+        return part
+    return hpctp.distribute(part, plan.model_grid, (None, None, plan.spatial[0], None))
+
+
+def _loss(plan: ParallelPlan, kind: str) -> Callable[[Any, Any], torch.Tensor]:
+    def loss(pred: Any, target: Any) -> torch.Tensor:
+        p = pred.local if kind == "spatial" else pred
+        t = target.local if kind == "spatial" else target
+        return global_mse_loss(p, t, plan.grid, plan.loss_axes)
+
+    return loss
+
+
+def _layers(kind: str, plan: ParallelPlan | None) -> list[torch.nn.Module]:
+    if kind in ("mlp", "skips"):
+        return _mlp(None) if kind == "mlp" else _skips(None)
+    grid = plan.model_grid if plan is not None else hpctp.ProcessGrid((1,), comm=MPI.COMM_SELF)
+    axis = (plan.tensor or plan.spatial or (0,))[0] if plan is not None else 0
+    return (_tensor if kind == "tensor" else _spatial)(grid, axis)
+
+
+def _reference(kind: str) -> tuple[torch.nn.Module, list[float]]:
+    """One process on the whole batch: the trained model and its losses."""
+    ref = torch.nn.Sequential(*_layers(kind, None))
+    opt = torch.optim.Adam(ref.parameters(), lr=0.05)
+    losses = []
+    for s in range(STEPS):
+        x, y = _batch(kind, s)
+        pred = ref(x)
+        loss = torch.nn.functional.mse_loss(pred.local if hasattr(pred, "local") else pred, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return ref, losses
+
+
+# (grid dims, data axes, tensor axes, pipeline axis, model kind, [(schedule, virtual, zero, checkpointing, meta)])
+ALL = [("gpipe", 1, None, False, False), ("1f1b", 1, None, False, False), ("interleaved", 2, None, False, False),
+       ("zero_bubble", 1, None, False, False)]  # fmt: skip
+_PLANS = {
+    1: [((1,), (), (), 0, "mlp", ALL), ((1,), (), (), 0, "skips", [("zero_bubble", 1, None, False, False)])],
+    2: [
+        (
+            (2,),
+            (),
+            (),
+            0,
+            "mlp",
+            [
+                *ALL,
+                ("1f1b", 1, 1, False, False),
+                ("zero_bubble", 1, 2, False, False),
+                ("1f1b", 1, None, True, False),
+                ("interleaved", 2, None, False, True),
+            ],
+        ),
+        ((2,), (), (), 0, "skips", [*ALL, ("1f1b", 1, 2, False, False)]),
+    ],  # fmt: skip
+    3: [
+        (
+            (3,),
+            (),
+            (),
+            0,
+            "mlp",
+            [
+                ("1f1b", 1, None, False, False),
+                ("zero_bubble", 1, None, False, False),
+                ("interleaved", 2, None, False, False),
+            ],
+        ),
+        ((3,), (), (), 0, "skips", [("zero_bubble", 1, None, False, False)]),
+    ],  # fmt: skip
+    4: [
+        ((2, 2), (1,), (), 0, "mlp", [*ALL, ("1f1b", 1, 1, False, False), ("zero_bubble", 1, 2, True, False)]),
+        ((2, 2), (1,), (), 0, "skips", [("interleaved", 2, 1, False, False)]),
+        (
+            (2, 2),
+            (),
+            (1,),
+            0,
+            "tensor",
+            [
+                ("1f1b", 1, None, False, False),
+                ("zero_bubble", 1, None, False, False),
+                ("interleaved", 2, 2, False, True),
+            ],
+        ),
+    ],  # fmt: skip
+    6: [
+        ((3, 2), (1,), (), 0, "mlp", [("1f1b", 1, 2, False, False), ("zero_bubble", 1, None, False, True)]),
+        ((2, 3), (), (), 0, "spatial", [*ALL, ("1f1b", 1, 1, True, False)]),
+    ],  # fmt: skip
+}
+CASES = [
+    pytest.param(dims, data, tensor, pipe, kind, *run,
+                 id=f"{'x'.join(map(str, dims))}-{kind}-{run[0]}-zero{run[2]}{'-ckpt' if run[3] else ''}{'-meta' if run[4] else ''}")
+    for dims, data, tensor, pipe, kind, runs in _PLANS.get(WORLD.size, [])
+    for run in runs
+]  # fmt: skip
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("dims", "data", "tensor", "pipe", "kind", "schedule", "virtual", "zero", "ckpt", "meta"), CASES
+)
+def test_pipeline_trains_as_one_process(dims: tuple[int, ...], data: tuple[int, ...], tensor: tuple[int, ...], pipe: int, kind: str, schedule: str, virtual: int, zero: int | None, ckpt: bool, meta: bool) -> None:  # fmt: skip
+    """5 Adam steps: the losses and every stage's parameters equal one process's to 1e-10 (float64)."""
+    with hpctp.ProcessGrid(dims) as grid:
+        plan = ParallelPlan(grid, data=data, tensor=tensor, pipeline=pipe)
+        if meta:
+            with torch.device("meta"):
+                layers = _layers(kind, plan)
+        else:
+            layers = _layers(kind, plan)
+        if ckpt:
+            for layer in layers:
+                if any(True for _ in layer.parameters()):
+                    hpctp.nn.checkpoint_forward(layer)
+        model = PipelineParallel(layers, plan, schedule=schedule, microbatches=M, virtual=virtual, zero=zero, seed=0)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        losses = []
+        for s in range(STEPS):
+            x, y = _batch(kind, s)
+            losses.append(model.step(_share(plan, kind, x), _share(plan, kind, y), _loss(plan, kind), optimizer=opt))
+            model.zero_grad()
+        ref, want = _reference(kind)
+        assert_allclose(grid, np.array(losses), np.array(want), rtol=1e-10, what="losses")
+        full = ref.state_dict()
+        worst, where = 0.0, ""
+        for stage, module in model.modules_of.items():  # (collective over each stage's ranks only)
+            if zero is None:
+                got = global_state_dict(module, grid=plan.model_grid)
+            else:
+                with module.gathered() as (inner, _):
+                    got = {k: v.clone() for k, v in global_state_dict(inner, grid=plan.model_grid).items()}
+            for name, value in got.items():
+                err = float((value - full[name]).abs().max() / (full[name].abs().max() + 1e-300))
+                if err > worst:
+                    worst, where = err, f"stage {stage}: {name}"
+        assert_all(grid, worst <= 1e-10, f"parameters: {where} off by {worst:.2e} (relative)")
+        plan.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zero_bubble"])
+def test_messages_per_step_and_boundary(schedule: str) -> None:
+    """After the first step (which also describes each boundary's activations once per micro-batch size), a step sends
+    on the pipeline axis exactly m activations forward and m gradients back per stage boundary (v boundaries per rank
+    pair interleaved), of the activations' bytes, and nothing else (the loss reaches every rank over the whole grid:
+    a p x 1 grid, whose pipeline axis is a communicator of its own)."""
+    virtual = 2 if schedule == "interleaved" else 1
+    with hpctp.ProcessGrid((WORLD.size, 1)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        model = PipelineParallel(_mlp(None) + _mlp(None), plan, schedule=schedule, microbatches=M, virtual=virtual)
+        x, y = _batch("mlp", 0)
+        model.step(x, y, _loss(plan, "mlp"))
+        model.zero_grad()
+        with hpctp.CommCounter() as counter:
+            model.step(x, y, _loss(plan, "mlp"))
+        stats = counter.per_comm.get(plan.pipeline_comm.Get_name())
+        p, n_stages, r = plan.pipeline_size, model.schedule.n_stages, plan.pipeline_rank
+        sends = sum(1 for s in model.stages if s + 1 < n_stages) + sum(1 for s in model.stages if s > 0)
+        sizes = [3, 2, 2]  # (7 samples over 3 micro-batches)
+        want_messages = sends * M
+        want_bytes = sends * sum(sizes) * E * 8
+        got = (stats.messages, stats.bytes_sent) if stats is not None else (0, 0)
+        assert_equal(
+            grid, got, (want_messages, want_bytes), f"rank {r} of {p}: messages and bytes on the pipeline axis"
+        )
+        assert_equal(
+            grid, sorted(stats.calls) if stats is not None else [], ["Irecv", "Isend"], "only sends and receives"
+        )
+        plan.free()
+
+
+@pytest.mark.mpi
+def test_bad_pipelines_are_refused_on_every_rank() -> None:
+    """Before any message: cuts that leave a stage empty, too few layers, zero=3 with zero-bubble, an axis with two
+    roles, a batch smaller than the micro-batch count."""
+    with hpctp.ProcessGrid((WORLD.size,)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        p = plan.pipeline_size
+        with pytest.raises(ValueError, match="cannot fill"):
+            PipelineParallel(_mlp(None)[:1], plan, microbatches=2, virtual=2, schedule="interleaved")
+        with pytest.raises(ValueError, match="leave stages .* empty"):
+            PipelineParallel(
+                _mlp(None) + _mlp(None),
+                plan,
+                microbatches=2,
+                virtual=2,
+                schedule="interleaved",
+                cuts=[0] * 2 * p + [18],
+            )
+        with pytest.raises(ValueError, match="zero=3 .* zero-bubble"):
+            PipelineParallel(_mlp(None), plan, microbatches=2, schedule="zero_bubble", zero=3)
+        with pytest.raises(ValueError, match="name an axis twice"):
+            ParallelPlan(grid, data=(0,), pipeline=0)
+        model = PipelineParallel(_mlp(None), plan, microbatches=4)
+        x = torch.zeros(3, E, dtype=F64)
+        with pytest.raises(ValueError, match="a batch of 3 samples cannot fill 4 micro-batches"):
+            model.step(x, x, _loss(plan, "mlp"))
+        plan.free()
+
+
+@pytest.mark.mpi
+def test_stages_balanced_by_parameters_or_a_profiling_pass() -> None:
+    """Without cuts the stages are balanced: by parameter count (the cuts balanced_cuts gives for them), or by one
+    profiling pass over a sample (measured time, the same cuts on every rank), each stage's share reported."""
+    from hpctp.nn.pipeline_parallel import balanced_cuts
+
+    with hpctp.ProcessGrid((WORLD.size,)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        torch.manual_seed(0)
+        widths = [E, 24, E, 12, E, 2, E]
+        layers = [torch.nn.Linear(a, b, dtype=F64) for a, b in zip(widths, widths[1:])]
+        model = PipelineParallel(layers, plan, microbatches=2)
+        costs = [1.0 + sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers]
+        assert_equal(grid, list(model.cuts), list(balanced_cuts(costs, plan.pipeline_size)), "cuts by parameters")
+        assert_all(grid, abs(sum(share for _, _, _, share, _, _ in model.balance) - 1.0) < 1e-12, "shares sum to 1")
+        x = torch.randn(3, E, dtype=F64)
+        measured = PipelineParallel(layers, plan, microbatches=2, sample=x)
+        cuts = hpctp.comm.allgather_ints(grid.comm, list(measured.cuts))
+        assert_all(grid, bool((cuts == cuts[0]).all()), f"every rank cuts alike: {cuts.tolist()}")
+        assert_all(
+            grid, all(b > a for a, b in zip(measured.cuts, measured.cuts[1:])), f"no empty stage {measured.cuts}"
+        )
+        plan.free()
