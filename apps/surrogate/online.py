@@ -92,7 +92,9 @@ def online_settings(cfg: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(on[key], int) or isinstance(on[key], bool) or on[key] < 0:
             raise ValueError(f"online.{key} must be an int >= 0, got {on[key]!r}")
     if not isinstance(on["depth"], int) or on["depth"] < 2:
-        raise ValueError(f"online.depth must be an int >= 2 (a pair's input and target travel together), got {on['depth']!r}")
+        raise ValueError(
+            f"online.depth must be an int >= 2 (a pair's input and target travel together), got {on['depth']!r}"
+        )
     if not float(on["buffer_mib"]) > 0:
         raise ValueError(f"online.buffer_mib must be > 0, got {on['buffer_mib']!r}")
     if not float(on["ramp"]) >= 1.0:
