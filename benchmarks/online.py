@@ -154,7 +154,9 @@ def main() -> None:
     say = print if world.rank == 0 else (lambda *a, **k: None)
     pdes = ["grayscott", "navier_stokes"] if args.pde == "both" else [args.pde]
     if not args.quick:  # warm-up, not reported: the first training in a process pays imports (Adam loads dynamo)
-        tiny = load_config(ROOT / "apps" / "configs" / "default.toml", [f'train.out="{work}/warm"', *QUICK["grayscott"]])
+        tiny = load_config(
+            ROOT / "apps" / "configs" / "default.toml", [f'train.out="{work}/warm"', *QUICK["grayscott"]]
+        )
         on_ranks(world, 4, partial(offline, tiny, work / "warm"))
     rows_err, rows_time = [], []
     for pde in pdes:
