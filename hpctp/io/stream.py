@@ -49,7 +49,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -62,17 +62,11 @@ from ..comm import ProcessGrid, tags
 from ..layout import Layout
 from ..layout.groups import GroupPiece, GroupTransferPlan, group_transfer_plan
 from ..tensor.core import DistTensor
-from .replay import EVICTIONS, ReplayPlan, held_out
+from ._replay_buffer import ReplayBuffer
+from ._stream_config import StreamConfig, StreamStats
+from .replay import ReplayPlan
 
 __all__ = ["Stream", "StreamConfig", "StreamStats"]
-
-DEFAULT_BUFFER_BYTES = 256 * 2**20
-"""Default replay capacity (bytes of the global field's pairs): more keeps older pairs to draw from
-(less reuse, less forgetting) at the cost of each trainer rank's memory (this over the spatial parts)."""
-
-DEFAULT_DEPTH = 2
-"""Default snapshots between the groups (sent but not yet in the buffer): more absorbs a slow training
-step without thinning, at the cost of one packed snapshot block per rank on both sides."""
 
 POLL_SECONDS = 1e-3
 """Sleep between two tests for a credit while the simulation waits: shorter reacts sooner and spins
@@ -87,136 +81,6 @@ _TAG_DATA, _TAG_HEADER, _TAG_CREDIT, _TAG_ACK = (
     tags.STREAM_CREDIT,
     tags.STREAM_ACK,
 )
-
-
-@dataclass(frozen=True)
-class StreamConfig:
-    """Local. The settings of a :class:`Stream` (the same on every rank).
-
-    Parameters
-    ----------
-    horizon : int
-        Pairs ``(x_n, x_{n + horizon})`` of the snapshots put; 0: each ``put(x, target=y)`` is a pair.
-    buffer_bytes : int
-        Replay capacity: bytes of the pairs (input + target) of the global field held at once.
-    eviction : {"reservoir", "window"}
-        Which pairs stay when the buffer is full (:class:`hpctp.io.ReplayPlan`).
-    batch_size : int
-        Pairs a training step draws (:meth:`Stream.draw`).
-    holdout_every : int
-        Keep pair ``n`` aside for evaluation when ``n % holdout_every == holdout_every - 1`` (0: none).
-    holdout_bytes : int
-        Bytes of the held-out store (reservoir of the held-out pairs); > 0 with ``holdout_every``.
-    seed : int
-        Seed of the eviction and the draws.
-    max_wait : float
-        Seconds a :meth:`Stream.put` may wait for the trainer before the snapshot is thinned
-        (``inf``: never thinned).
-    depth : int
-        Snapshots between the groups at most (sent, not yet taken into the trainer's buffer); >= 2
-        with ``horizon > 0``.
-
-    Raises
-    ------
-    ValueError
-        From :meth:`check`.
-    """
-
-    horizon: int = 1
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES
-    eviction: str = "reservoir"
-    batch_size: int = 4
-    holdout_every: int = 0
-    holdout_bytes: int = 0
-    seed: int = 0
-    max_wait: float = 1.0
-    depth: int = DEFAULT_DEPTH
-
-    def check(self) -> None:
-        """Local. Raise ValueError naming the first bad setting."""
-        for name, low in (("horizon", 0), ("buffer_bytes", 1), ("batch_size", 1), ("holdout_every", 0)):
-            v = getattr(self, name)
-            if not is_int(v) or int(v) < low:
-                raise ValueError(f"StreamConfig.{name} must be an int >= {low}, got {v!r}")
-        for name in ("holdout_bytes", "seed"):
-            v = getattr(self, name)
-            if not is_int(v) or int(v) < 0:
-                raise ValueError(f"StreamConfig.{name} must be an int >= 0, got {v!r}")
-        low = 2 if self.horizon else 1  # (a pair's input and its target are in flight together)
-        if not is_int(self.depth) or int(self.depth) < low:
-            raise ValueError(
-                f"StreamConfig.depth must be an int >= {low} with horizon={self.horizon} (a pair's input and target "
-                f"travel together), got {self.depth!r}"
-            )
-        if self.eviction not in EVICTIONS:
-            raise ValueError(f"StreamConfig.eviction={self.eviction!r} must be one of {EVICTIONS}")
-        if not (isinstance(self.max_wait, (int, float)) and self.max_wait >= 0 and not math.isnan(self.max_wait)):
-            raise ValueError(f"StreamConfig.max_wait must be seconds >= 0 (inf: never thin), got {self.max_wait!r}")
-        if self.holdout_every and not self.holdout_bytes:
-            raise ValueError(
-                f"StreamConfig.holdout_every={self.holdout_every} keeps pairs aside, but holdout_bytes=0 leaves "
-                "no room for them; give holdout_bytes (bytes of the held-out pairs kept)"
-            )
-
-
-@dataclass
-class StreamStats:
-    """Local. The accounting of a stream, as this rank knows it (the trainer's ranks know all of it
-    from the headers; the simulation's ranks know ``produced``, ``sent``, ``dropped`` and ``waited``).
-
-    Attributes
-    ----------
-    produced : int
-        Snapshots the simulation put.
-    sent : int
-        Snapshots sent to the trainer (the others were thinned).
-    dropped : int
-        Snapshots thinned because the trainer was behind.
-    received : int
-        Snapshots taken into the trainer's memory.
-    pairs : int
-        Training pairs formed (each went to the buffer or was not kept by the reservoir).
-    held_out : int
-        Pairs kept aside for evaluation.
-    stored : int
-        Pairs in the buffer now.
-    evicted : int
-        Pairs replaced in, or never kept by, the buffer.
-    draws : int
-        Pairs drawn by training steps (with repeats).
-    used : int
-        Distinct pairs drawn at least once.
-    waited : float
-        Seconds the simulation waited for the trainer (its first rank).
-    bytes_sent : int
-        Bytes this rank sent of snapshots.
-    """
-
-    produced: int = 0
-    sent: int = 0
-    dropped: int = 0
-    received: int = 0
-    pairs: int = 0
-    held_out: int = 0
-    stored: int = 0
-    evicted: int = 0
-    draws: int = 0
-    used: int = 0
-    waited: float = 0.0
-    bytes_sent: int = 0
-
-    @property
-    def reuse(self) -> float:
-        """Draws per distinct pair drawn (how often a pair was trained on); 0 before any draw."""
-        return self.draws / self.used if self.used else 0.0
-
-    def line(self) -> str:
-        """Local. The accounting in one line (for the log)."""
-        return (
-            f"{self.produced} snapshots produced, {self.dropped} dropped (thinned), {self.received} received; "
-            f"{self.pairs} training pairs ({self.evicted} evicted, {self.stored} in the buffer), {self.held_out} "
-            f"held out; {self.used} used, {self.draws} draws: reuse factor {self.reuse:.2f}"
-        )
 
 
 class _Staged:
@@ -455,19 +319,10 @@ class Stream:
                 f"{cfg.buffer_bytes} and holdout_bytes={cfg.holdout_bytes} must hold at least one each"
             )
         C.raise_if_any(self._train.comm, error)
-        self.replay = ReplayPlan(capacity, cfg.eviction, cfg.seed)
-        self.holdout = ReplayPlan(max(hold, 1), "reservoir", (cfg.seed + 1) % 2**63)
-        self._x = np.empty((capacity, *local), dtype=self.dtype)  # (pages are touched when filled)
-        self._y = np.empty_like(self._x)
-        self._items = np.full(capacity, -1, dtype=np.int64)  # pair number per slot (-1: empty)
-        self._sources = np.full(capacity, -1, dtype=np.int64)  # snapshot number of each pair's input
-        self._hx = np.empty((hold, *local), dtype=self.dtype)
-        self._hy = np.empty_like(self._hx)
-        self._hitems = np.full(hold, -1, dtype=np.int64)
+        self.buffer = ReplayBuffer(cfg, capacity, hold, local, self.dtype, self.stats)
+        self.replay: ReplayPlan = self.buffer.plan
         self._train_local_shape = local
         self._staged: deque[_Staged] = deque()
-        self._window: dict[int, np.ndarray] = {}  # the last `horizon` snapshots, for lag pairs
-        self._used = np.zeros(0, dtype=bool)
         self._taken = 0  # snapshots taken in (data headers processed)
         self._produced_seen = 0
         self._credits_out: list[tuple[C.Pending, np.ndarray]] = []
@@ -785,33 +640,7 @@ class Stream:
         return bool(msg[0])
 
     def _insert(self, index: int, x: np.ndarray, y: np.ndarray | None) -> None:
-        h = self.config.horizon
-        if h > 0:
-            self._window[index] = x
-            first = self._window.pop(index - h, None)
-            for old in [k for k in self._window if k <= index - h]:
-                del self._window[old]
-            if first is None:
-                return
-            index, x, y = index - h, first, x
-        assert y is not None  # (horizon 0: put required a target)
-        if held_out(index, self.config.holdout_every):
-            slot = self.holdout.slot(self.stats.held_out)
-            self.stats.held_out += 1
-            if slot is not None:
-                self._hx[slot], self._hy[slot], self._hitems[slot] = x, y, index
-            return
-        slot = self.replay.slot(self.stats.pairs)
-        self.stats.pairs += 1
-        if slot is None:
-            self.stats.evicted += 1
-            return
-        if self._items[slot] >= 0:
-            self.stats.evicted += 1
-        else:
-            self.stats.stored += 1
-        self._x[slot], self._y[slot] = x, y
-        self._items[slot], self._sources[slot] = self.stats.pairs - 1, index
+        self.buffer.insert(index, x, y)
 
     def draw(self, step: int) -> np.ndarray:
         """Local. (Trainer ranks.) The buffer slots training step ``step`` reads (its global batch, the
@@ -822,38 +651,27 @@ class Stream:
         ValueError
             If no training pair has arrived.
         """
-        slots = self.replay.draw(step, self.stats.pairs, self.config.batch_size)
-        items = self._items[slots]
-        if self._used.size < self.stats.pairs:
-            self._used = np.concatenate([self._used, np.zeros(self.stats.pairs - self._used.size, dtype=bool)])
-        self.stats.used += int((~self._used[items]).sum())
-        self._used[items] = True
-        self.stats.draws += int(slots.size)
-        return slots
+        return self.buffer.draw(step)
 
     def batch(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Local. (Trainer ranks.) This rank's blocks of the pairs in ``slots``: inputs and targets,
         ``[len(slots), *block]`` each (copies), in :attr:`layout`'s cuts."""
-        return self._x[slots], self._y[slots]
+        return self.buffer.batch(slots)
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
         """Local. (Trainer ranks.) Per slot of the buffer: the pair's number (in the order pairs were
         formed) and the snapshot number of its input (-1 for an empty slot)."""
-        return self._items.copy(), self._sources.copy()
+        return self.buffer.contents()
 
     def held_out_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Local. (Trainer ranks.) The held-out pairs kept: inputs, targets (this rank's blocks) and the
         snapshot number of each input, in snapshot order."""
-        order = np.argsort(np.where(self._hitems >= 0, self._hitems, np.iinfo(np.int64).max))
-        order = order[self._hitems[order] >= 0]
-        return self._hx[order], self._hy[order], self._hitems[order]
+        return self.buffer.held_out_pairs()
 
     def pair_rms(self) -> float:
         """Collective over the trainer's grid. RMS of ``target - input`` over the pairs in the buffer
         (of the global field: one all-reduce over the grid's spatial parts)."""
-        filled = self._items >= 0
-        d = (self._y[filled].astype(np.float64) - self._x[filled].astype(np.float64)).reshape(-1)
-        sums = np.array([float(d @ d), float(d.size)])
+        sums = np.array(self.buffer.square_sums(), dtype=np.float64)
         # the copies of a replicated (data-parallel) layout would count twice: only the primaries add
         if not self.layout.is_primary(self.train_coords):
             sums[:] = 0.0
