@@ -6,6 +6,9 @@
 !>   ierr = hpctp_load("hpctp.cli.cbridge:demo_model")              ! optional checkpoint=...
 !>   ierr = hpctp_infer(field, local_shape, global_offsets, global_shape)   ! in place
 !>   if (ierr /= 0) print *, hpctp_last_error()
+!>   ierr = hpctp_stream_init("online.toml")                 ! online training: a trainer in memory
+!>   ierr = hpctp_put(field, local_shape, global_offsets, global_shape)     ! each snapshot (copied)
+!>   ierr = hpctp_stream_finalize()                          ! the trainer finishes: its checkpoint
 !>   ierr = hpctp_finalize()
 !>
 !> Arrays are in Fortran order: local_shape, global_offsets, global_shape and split have one
@@ -22,6 +25,7 @@ module hpctp
   implicit none
   private
   public :: hpctp_init, hpctp_grid, hpctp_load, hpctp_infer, hpctp_infer_f, hpctp_finalize, hpctp_last_error
+  public :: hpctp_stream_init, hpctp_put, hpctp_put_f, hpctp_stream_finalize
 
   integer, parameter, public :: HPCTP_MAX_NDIM = 32
 
@@ -62,6 +66,33 @@ module hpctp
       integer(c_int), value :: ndim
       integer(c_int64_t), intent(in) :: local_shape(*), global_offsets(*), global_shape(*)
       integer(c_int), intent(in) :: split(*)
+      integer(c_int) :: ierr
+    end function
+    function c_stream_init(config) result(ierr) bind(C, name="hpctp_stream_init")
+      import :: c_int, c_char
+      character(kind=c_char), intent(in) :: config(*)
+      integer(c_int) :: ierr
+    end function
+    function c_put(data, ndim, local_shape, global_offsets, global_shape, split) result(ierr) &
+        bind(C, name="hpctp_put")
+      import :: c_int, c_int64_t, c_double
+      real(c_double), intent(in) :: data(*)
+      integer(c_int), value :: ndim
+      integer(c_int64_t), intent(in) :: local_shape(*), global_offsets(*), global_shape(*)
+      integer(c_int), intent(in) :: split(*)
+      integer(c_int) :: ierr
+    end function
+    function c_put_f(data, ndim, local_shape, global_offsets, global_shape, split) result(ierr) &
+        bind(C, name="hpctp_put_f")
+      import :: c_int, c_int64_t, c_float
+      real(c_float), intent(in) :: data(*)
+      integer(c_int), value :: ndim
+      integer(c_int64_t), intent(in) :: local_shape(*), global_offsets(*), global_shape(*)
+      integer(c_int), intent(in) :: split(*)
+      integer(c_int) :: ierr
+    end function
+    function c_stream_finalize() result(ierr) bind(C, name="hpctp_stream_finalize")
+      import :: c_int
       integer(c_int) :: ierr
     end function
     function c_finalize() result(ierr) bind(C, name="hpctp_finalize")
@@ -188,6 +219,45 @@ contains
     integer(c_int64_t) :: ls(HPCTP_MAX_NDIM), go(HPCTP_MAX_NDIM), gs(HPCTP_MAX_NDIM)
     call to_c_order(local_shape, global_offsets, global_shape, split, n, ls, go, gs, sp)
     ierr = int(c_infer_f(data, n, ls, go, gs, sp))
+  end function
+
+  !> Collective. Start online training: the trainer named (trainer = "package.module:factory") in the
+  !> TOML file config, e.g. apps/c_example/online.toml.
+  function hpctp_stream_init(config) result(ierr)
+    character(len=*), intent(in) :: config
+    integer :: ierr
+    ierr = int(c_stream_init(trim(config) // c_null_char))
+  end function
+
+  !> Collective. Hand the next snapshot (this rank's float64 block, copied) to the trainer; arguments
+  !> as hpctp_infer's.
+  function hpctp_put(data, local_shape, global_offsets, global_shape, split) result(ierr)
+    real(c_double), intent(in) :: data(*)
+    integer, intent(in) :: local_shape(:), global_offsets(:), global_shape(:)
+    integer, intent(in), optional :: split(:)
+    integer :: ierr
+    integer(c_int) :: n, sp(HPCTP_MAX_NDIM)
+    integer(c_int64_t) :: ls(HPCTP_MAX_NDIM), go(HPCTP_MAX_NDIM), gs(HPCTP_MAX_NDIM)
+    call to_c_order(local_shape, global_offsets, global_shape, split, n, ls, go, gs, sp)
+    ierr = int(c_put(data, n, ls, go, gs, sp))
+  end function
+
+  !> Collective. As hpctp_put, for a float32 block.
+  function hpctp_put_f(data, local_shape, global_offsets, global_shape, split) result(ierr)
+    real(c_float), intent(in) :: data(*)
+    integer, intent(in) :: local_shape(:), global_offsets(:), global_shape(:)
+    integer, intent(in), optional :: split(:)
+    integer :: ierr
+    integer(c_int) :: n, sp(HPCTP_MAX_NDIM)
+    integer(c_int64_t) :: ls(HPCTP_MAX_NDIM), go(HPCTP_MAX_NDIM), gs(HPCTP_MAX_NDIM)
+    call to_c_order(local_shape, global_offsets, global_shape, split, n, ls, go, gs, sp)
+    ierr = int(c_put_f(data, n, ls, go, gs, sp))
+  end function
+
+  !> Collective. End the stream: the trainer finishes (its remaining steps, its checkpoint).
+  function hpctp_stream_finalize() result(ierr)
+    integer :: ierr
+    ierr = int(c_stream_finalize())
   end function
 
   !> Collective. Release the model and grid, stop the interpreter hpctp started.

@@ -6,6 +6,9 @@
  *   hpctp_init(MPI_COMM_WORLD, dims, 2);            // embeds Python, builds the process grid
  *   hpctp_load("hpctp.cli.cbridge:demo_model", NULL);      // "package.module:factory", checkpoint path
  *   hpctp_infer(field, 2, local_shape, offsets, global_shape, NULL);   // collective, in place
+ *   hpctp_stream_init("online.toml");               // online training: a trainer in memory
+ *   hpctp_put(field, 2, local_shape, offsets, global_shape, NULL);     // each snapshot (copied)
+ *   hpctp_stream_finalize();                        // the trainer finishes: its checkpoint
  *   hpctp_finalize();
  *   MPI_Finalize();
  *
@@ -89,6 +92,28 @@ int hpctp_infer(double* data, int ndim, const int64_t* local_shape, const int64_
 /* Collective. As hpctp_infer, for float32 data. */
 int hpctp_infer_f(float* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
                   const int64_t* global_shape, const int* split);
+
+/* Online training: the simulation's snapshots go to a trainer in memory (no file), co-located on the
+ * ranks of hpctp_init (between the simulation's steps, on its own blocks).
+ *
+ * Collective. Start the trainer that the TOML file config names at its top level
+ * (trainer = "package.module:factory", e.g. "apps.surrogate.online:capi_trainer"); the factory reads
+ * the file's other sections (see capi/README.md). */
+int hpctp_stream_init(const char* config);
+
+/* Collective. Hand the next snapshot to the trainer: this rank's block (arguments as hpctp_infer's),
+ * copied, so the simulation may change it on return; the trainer may then train a few steps. Every
+ * snapshot of a stream has the blocks of the first one. */
+int hpctp_put(const double* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
+              const int64_t* global_shape, const int* split);
+
+/* Collective. As hpctp_put, for float32 data. */
+int hpctp_put_f(const float* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
+                const int64_t* global_shape, const int* split);
+
+/* Collective. End the stream: the trainer runs the steps its snapshots allow and writes its checkpoint
+ * (safe when no stream is open; hpctp_finalize calls it for a stream left open). */
+int hpctp_stream_finalize(void);
 
 /* Collective. Drop the model, free the grid, and shut down the Python interpreter if
  * hpctp_init started it. Safe to call when not initialised (returns 0). Call it before

@@ -323,15 +323,18 @@ static PyObject* tuple_int(const int* p, int n)
     return t;
 }
 
-static int infer(void* data, const char* dtype, size_t itemsize, int ndim, const int64_t* local_shape,
-                 const int64_t* global_offsets, const int64_t* global_shape, const int* split)
+/* hpctp_infer and hpctp_put: wrap the caller's block (writeable for infer, read-only for put) and hand it to
+ * hpctp.cli.cbridge.<method>, which agrees on every error with the other ranks. */
+static int block_call(const char* method, const char* where, int flags, void* data, const char* dtype,
+                      size_t itemsize, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
+                      const int64_t* global_shape, const int* split)
 {
     static char empty_block[8]; /* stands for the memory of an empty block passed as NULL */
     char err[512] = "";
     int rc = 0;
     Py_ssize_t count = 1;
     g_error[0] = '\0';
-    if (g_state != STATE_INIT) return fail(HPCTP_ERR_STATE, "hpctp_infer: not initialised (call hpctp_init first)");
+    if (g_state != STATE_INIT) return fail(HPCTP_ERR_STATE, "%s: not initialised (call hpctp_init first)", where);
     /* problems found here are handed to Python, which agrees on them with the other ranks */
     if (ndim < 1 || ndim > HPCTP_MAX_NDIM) {
         snprintf(err, sizeof err, "ndim=%d must be in 1..%d", ndim, HPCTP_MAX_NDIM);
@@ -355,7 +358,7 @@ static int infer(void* data, const char* dtype, size_t itemsize, int ndim, const
     PyObject *mv = NULL, *ls = NULL, *go = NULL, *gsh = NULL, *sp = NULL, *r = NULL;
     if (err[0] == '\0') {
         char* mem = data != NULL ? (char*)data : empty_block;
-        mv = PyMemoryView_FromMemory(mem, count * (Py_ssize_t)itemsize, PyBUF_WRITE); /* no copy */
+        mv = PyMemoryView_FromMemory(mem, count * (Py_ssize_t)itemsize, flags); /* no copy */
         ls = mv != NULL ? tuple_i64(local_shape, ndim) : NULL;
         go = ls != NULL ? tuple_i64(global_offsets, ndim) : NULL;
         gsh = go != NULL ? tuple_i64(global_shape, ndim) : NULL;
@@ -377,12 +380,11 @@ static int infer(void* data, const char* dtype, size_t itemsize, int ndim, const
         }
     }
     if (err[0] != '\0') {
-        r = PyObject_CallMethod(g_capi, "_infer_c", "OsOOOOs", Py_None, dtype, Py_None, Py_None, Py_None, Py_None,
-                                err);
+        r = PyObject_CallMethod(g_capi, method, "OsOOOOs", Py_None, dtype, Py_None, Py_None, Py_None, Py_None, err);
     } else {
-        r = PyObject_CallMethod(g_capi, "_infer_c", "OsOOOOO", mv, dtype, ls, go, gsh, sp, Py_None);
+        r = PyObject_CallMethod(g_capi, method, "OsOOOOO", mv, dtype, ls, go, gsh, sp, Py_None);
     }
-    if (r == NULL) rc = python_error("hpctp_infer");
+    if (r == NULL) rc = python_error(where);
     if (mv != NULL) { /* invalidate the view of the caller's memory */
         PyObject* rel = PyObject_CallMethod(mv, "release", NULL);
         if (rel == NULL) PyErr_Clear(); /* still exported; numpy views hold no export: _infer_c counts them */
@@ -401,13 +403,71 @@ static int infer(void* data, const char* dtype, size_t itemsize, int ndim, const
 int hpctp_infer(double* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
                 const int64_t* global_shape, const int* split)
 {
-    return infer(data, "float64", sizeof(double), ndim, local_shape, global_offsets, global_shape, split);
+    return block_call("_infer_c", "hpctp_infer", PyBUF_WRITE, data, "float64", sizeof(double), ndim, local_shape,
+                      global_offsets, global_shape, split);
 }
 
 int hpctp_infer_f(float* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
                   const int64_t* global_shape, const int* split)
 {
-    return infer(data, "float32", sizeof(float), ndim, local_shape, global_offsets, global_shape, split);
+    return block_call("_infer_c", "hpctp_infer_f", PyBUF_WRITE, data, "float32", sizeof(float), ndim, local_shape,
+                      global_offsets, global_shape, split);
+}
+
+/* With the GIL taken: hpctp.cli.cbridge.<method>(args), its error as where's. */
+static int call_capi(const char* where, const char* method, PyObject* arg)
+{
+    int rc = 0;
+    PyGILState_STATE gs = PyGILState_Ensure();
+    PyObject* r = arg != NULL ? PyObject_CallMethod(g_capi, method, "O", arg) : PyObject_CallMethod(g_capi, method, NULL);
+    if (r == NULL) rc = python_error(where);
+    Py_XDECREF(r);
+    PyGILState_Release(gs);
+    return rc;
+}
+
+int hpctp_stream_init(const char* config)
+{
+    int rc;
+    g_error[0] = '\0';
+    if (g_state != STATE_INIT)
+        return fail(HPCTP_ERR_STATE, "hpctp_stream_init: not initialised (call hpctp_init first)");
+    PyGILState_STATE gs = PyGILState_Ensure();
+    PyObject* c = str_or_none(config); /* NULL or "": None, refused (collectively) by Python */
+    PyGILState_Release(gs);
+    if (c == NULL) {
+        gs = PyGILState_Ensure();
+        rc = python_error("hpctp_stream_init");
+        PyGILState_Release(gs);
+        return rc;
+    }
+    rc = call_capi("hpctp_stream_init", "stream_init", c);
+    gs = PyGILState_Ensure();
+    Py_DECREF(c);
+    PyGILState_Release(gs);
+    return rc;
+}
+
+int hpctp_put(const double* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
+              const int64_t* global_shape, const int* split)
+{
+    return block_call("_put_c", "hpctp_put", PyBUF_READ, (void*)data, "float64", sizeof(double), ndim, local_shape,
+                      global_offsets, global_shape, split);
+}
+
+int hpctp_put_f(const float* data, int ndim, const int64_t* local_shape, const int64_t* global_offsets,
+                const int64_t* global_shape, const int* split)
+{
+    return block_call("_put_c", "hpctp_put_f", PyBUF_READ, (void*)data, "float32", sizeof(float), ndim, local_shape,
+                      global_offsets, global_shape, split);
+}
+
+int hpctp_stream_finalize(void)
+{
+    g_error[0] = '\0';
+    if (g_state != STATE_INIT)
+        return fail(HPCTP_ERR_STATE, "hpctp_stream_finalize: not initialised (call hpctp_init first)");
+    return call_capi("hpctp_stream_finalize", "stream_finalize", NULL);
 }
 
 int hpctp_finalize(void)

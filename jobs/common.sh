@@ -2,6 +2,7 @@
 # Sourced by every job script in jobs/ after it has found HPCTP_ROOT (the repository root).
 # Sets the environment of an hpctp job and defines:
 #   hpctp_stage_cmd STAGE          HPCTP_CMD=( python -m apps... ) for simulate | train | evaluate
+#   hpctp_online_cmd               HPCTP_CMD=( python -m apps.simulate --train-online ... ) (online training)
 #   hpctp_mpiexec_args NP PPN [HOSTFILE]   MPIEXEC_ARGS=( ... ) for Open MPI / MPICH / Cray PALS
 #   hpctp_run CMD...               run CMD, or with DRY_RUN=1 print it (one line, shell-quoted)
 #   hpctp_submit CMD...            run a job-submission CMD (its stdout: the job id); DRY_RUN=1 prints
@@ -130,6 +131,20 @@ hpctp_stage_cmd() {
       echo "hpctp_stage_cmd: unknown stage '${1:-}' (simulate, train or evaluate)" >&2
       return 2 ;;
   esac
+  if [ -n "${STAGE_ARGS:-}" ]; then
+    local extra
+    read -r -a extra <<< "$STAGE_ARGS"
+    HPCTP_CMD+=("${extra[@]}")
+  fi
+}
+
+# hpctp_online_cmd: HPCTP_CMD=( python -m apps.simulate --train-online ... ) from PLACEMENT, TRAINERS,
+# MAX_WAIT, CONFIG, RUNDIR and STAGE_ARGS (jobs/mpirun_online.sh, jobs/slurm_online.sbatch)
+hpctp_online_cmd() {
+  HPCTP_CMD=("$PYTHON" -m apps.simulate --config "$CONFIG" --train-online --set "train.out=$RUNDIR"
+             --set "online.placement=${PLACEMENT:-separate}")
+  if [ "${PLACEMENT:-separate}" = separate ]; then HPCTP_CMD+=(--set "online.trainer_ranks=${TRAINERS:-0}"); fi
+  if [ -n "${MAX_WAIT:-}" ]; then HPCTP_CMD+=(--set "online.max_wait=$MAX_WAIT"); fi
   if [ -n "${STAGE_ARGS:-}" ]; then
     local extra
     read -r -a extra <<< "$STAGE_ARGS"

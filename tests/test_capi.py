@@ -192,6 +192,74 @@ def test_c_example_runs_trained_surrogate(build: Path, tmp_path: Path) -> None:
     print(f"surrogate: trained in {t1 - t0:.1f} s, C example (4 ranks) in {t2 - t1:.1f} s")
 
 
+def _grayscott_c_online() -> tuple[np.ndarray, int]:
+    """apps/c_example/online.c's simulation in numpy: the final [2, 24, 20] state and the snapshot count."""
+    h, w, steps, warmup, every = 24, 20, 300, 60, 20
+    u, v = np.ones((h, w)), np.zeros((h, w))
+    i, j = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    for ci, cj in [(h // 4, w // 3), (h // 2 + 2, 3 * w // 4), (3 * h // 4 + 1, w // 5)]:
+        near = (np.minimum(abs(i - ci), h - abs(i - ci)) <= 2) & (np.minimum(abs(j - cj), w - abs(j - cj)) <= 2)
+        u[near], v[near] = 0.5, 0.25
+    lap = lambda a: np.roll(a, 1, 0) + np.roll(a, -1, 0) + np.roll(a, 1, 1) + np.roll(a, -1, 1) - 4.0 * a  # noqa: E731
+    for _ in range(steps):
+        uvv = u * v * v
+        u, v = u + (0.16 * lap(u) + (0.035 * (1.0 - u) - uvv)), v + (0.08 * lap(v) + (uvv - 0.1 * v))
+    return np.stack([u, v]), (steps - warmup) // every + 1
+
+
+def test_c_example_trains_online_and_predicts(build: Path, tmp_path: Path) -> None:
+    """Issue 36: Gray-Scott in C on its own uneven blocks (mpiexec -n 4) feeds the FNO through
+    hpctp_stream_init/hpctp_put (co-located, no file), hpctp_stream_finalize writes the checkpoint,
+    and hpctp_infer runs it on the C state: equal to the Python model on the whole field."""
+    run = tmp_path / "run"
+    cfg = (ROOT / "apps" / "c_example" / "online.toml").read_text()
+    config = tmp_path / "online.toml"
+    config.write_text(cfg.replace('out = "out/c_online/run"', f'out = "{run}"'))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    exe = build / "apps" / "c_example" / "c_online"
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "4", str(exe), str(config), str(out), str(run / "checkpoint.h5")],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "c_online: 4 ranks, grid 2x2, field 2x24x20, snapshots 13" in proc.stdout, proc.stdout
+    # the trainer saw every snapshot, trained its budget (4 epochs x 5 batches of the 9 training pairs)
+    assert "13 snapshots produced, 0 dropped (thinned), 13 received; 9 training pairs" in proc.stderr, proc.stderr
+    assert len((run / "history.csv").read_text().split()) == 20 and (run / "config.json").is_file()
+    assert not list(tmp_path.glob("**/*sim*.h5"))  # no snapshot file
+    state, want_snapshots = _grayscott_c_online()
+    assert want_snapshots == 13
+    got_state = np.full((2, 24, 20), np.nan)
+    got = np.full((2, 24, 20), np.nan)
+    blocks = []
+    for r in range(4):
+        raw = (out / f"rank{r}.bin").read_bytes()
+        o0, o1, n0, n1, gx, gy = (int(v) for v in np.frombuffer(raw[:48], dtype=np.int64))
+        n = 2 * n0 * n1
+        assert (gx, gy) == (24, 20) and len(raw) == 48 + 16 * n
+        sl = (slice(None), slice(o0, o0 + n0), slice(o1, o1 + n1))
+        got_state[sl] = np.frombuffer(raw[48 : 48 + 8 * n]).reshape(2, n0, n1)
+        got[sl] = np.frombuffer(raw[48 + 8 * n :]).reshape(2, n0, n1)
+        blocks.append((o0, o1, n0, n1))
+    assert blocks == [(0, 0, 8, 6), (0, 6, 8, 14), (8, 0, 16, 6), (8, 6, 16, 14)]  # uneven: the C code's own
+    np.testing.assert_allclose(got_state, state, rtol=1e-12, atol=1e-14)  # the C simulation is Gray-Scott
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from apps.surrogate.inference import Surrogate
+
+    grid = hpctp.ProcessGrid([1, 1], comm=MPI.COMM_SELF)
+    try:
+        want = np.asarray(
+            Surrogate(grid, str(run / "checkpoint.h5"))(hpctp.distribute(got_state, grid, (None, 0, 1))).local
+        )
+    finally:
+        grid.free()
+    assert np.isfinite(want).all() and np.abs(want - got_state).max() > 1e-6  # trained: not persistence
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+
+
 # step -> (return code, text in every rank's message); see capi/tests/check_errors.c (3 ranks)
 _EXPECTED = {
     "infer_before_init": (2, "not initialised"),
@@ -266,6 +334,13 @@ def test_fortran_module(build: Path, tmp_path: Path) -> None:
         assert 0 <= float(errf) <= 2e-6
         assert int(before) == 2 and "not initialised" in before_msg
         assert int(bad) == 1 and "do not tile" in bad_msg
+    streams = re.findall(
+        r"^fortran stream put=(\d+) init=(\d+) final=(\d+) put_msg=(.*) init_msg=(.*)$", proc.stdout, re.M
+    )
+    assert len(streams) == 4, proc.stdout
+    for put, init, final, put_msg, init_msg in streams:  # the online-training bindings reach Python
+        assert (int(put), int(init), int(final)) == (1, 1, 0), (put, init, final)
+        assert "no stream: call hpctp_stream_init" in put_msg and "No such file" in init_msg, (put_msg, init_msg)
 
 
 @pytest.mark.skipif(not sysconfig.get_config_var("Py_ENABLE_SHARED"), reason="needs a shared libpython")
@@ -489,6 +564,66 @@ def test_model_that_keeps_its_input_raises_everywhere(session) -> None:  # type:
 
 def doubles(grid: hpctp.ProcessGrid, checkpoint: str | None):  # type: ignore[no-untyped-def]
     return lambda x: x * 2.0
+
+
+class _Records:
+    """A trainer that keeps a copy of every snapshot (the contract: copy what you keep)."""
+
+    def __init__(self, keep_views: bool) -> None:
+        self.keep_views, self.seen, self.finalized = keep_views, [], 0
+
+    def put(self, x: hpctp.DistTensor) -> None:
+        self.seen.append(x.local if self.keep_views else np.array(x.local))
+
+    def finalize(self) -> None:
+        self.finalized += 1
+
+
+_TRAINERS: list[_Records] = []
+
+
+def records(grid: hpctp.ProcessGrid, cfg: dict) -> _Records:  # type: ignore[type-arg]
+    _TRAINERS.append(_Records(bool(cfg.get("keep_views", False))))
+    return _TRAINERS[-1]
+
+
+@pytest.mark.mpi
+def test_stream_puts_and_errors_raise_everywhere(session, world: MPI.Intracomm) -> None:  # type: ignore[no-untyped-def]
+    grid = session
+    last = world.Get_size() - 1
+    shape = (2, 8, 6)
+    full = _global(shape)
+    offs, sls = _my_block(grid, shape, (None, 0, 1))
+    block = full[sls].copy()
+    with pytest.raises(RuntimeError, match="no stream: call hpctp_stream_init"):
+        capi.put(block, offs, shape, (-1, 0, 1))
+    with tempfile.TemporaryDirectory() as d:  # (each rank its own: the same contents)
+        with pytest.raises(FileNotFoundError):
+            capi.stream_init(f"{d}/missing.toml")
+        (Path(d) / "none.toml").write_text("[online]\n")
+        with pytest.raises(ValueError, match="no top-level trainer"):
+            capi.stream_init(f"{d}/none.toml")
+        (Path(d) / "t.toml").write_text(f'trainer = "{__name__}:records"\n')
+        capi.stream_init(f"{d}/t.toml")
+    trainer = _TRAINERS[-1]
+    capi.put(block, offs, shape, (-1, 0, 1))
+    block *= 2.0  # the caller changes its field: the trainer kept its own copy
+    capi.put(block, offs, shape, (-1, 0, 1))
+    wrong = block[:, :, :-1].copy() if world.Get_rank() == last else block
+    with pytest.raises(ValueError, match="the first hpctp_put passed"):
+        capi.put(wrong, offs, shape, (-1, 0, 1))
+    assert_allclose(grid, np.stack(trainer.seen), np.stack([full[sls], 2 * full[sls]]), rtol=0, atol=0)
+    capi.stream_finalize()
+    capi.stream_finalize()  # (no stream: a no-op)
+    assert_all(grid, trainer.finalized == 1, "finalized once")
+    with tempfile.TemporaryDirectory() as d:  # a trainer that keeps views of the caller's memory
+        (Path(d) / "k.toml").write_text(f'trainer = "{__name__}:records"\nkeep_views = true\n')
+        capi.stream_init(f"{d}/k.toml")
+    memory = bytearray(block.tobytes())
+    with pytest.raises(RuntimeError, match="kept a view of its input block after hpctp_infer or hpctp_put"):
+        capi._put_c(memoryview(memory), "float64", block.shape, offs, shape, (-1, 0, 1), None)
+    _TRAINERS[-1].seen.clear()
+    # hpctp_finalize (the session fixture) finishes the stream left open
 
 
 @pytest.mark.mpi

@@ -222,6 +222,25 @@ def test_mpirun_pipeline_defaults() -> None:
     assert cmds[2][-2:] == ["--checkpoint", "out/run/checkpoint.h5"]
 
 
+def test_online_scripts_split_the_job_into_simulation_and_trainer_ranks() -> None:
+    """jobs/mpirun_online.sh and jobs/slurm_online.sbatch: one launch of python -m apps.simulate
+    --train-online, the last TRAINERS ranks training (separate groups), or every rank (co-located)."""
+    proc = _run([str(JOBS / "mpirun_online.sh")], _env(DRY_RUN="1", NP="6", TRAINERS="2", MAX_WAIT="0.5"))
+    assert proc.returncode == 0, proc.stderr
+    (cmd,) = _commands(proc.stdout)
+    assert cmd[1:3] == ["-n", "6"] and cmd[cmd.index("-m") + 1] == "apps.simulate"
+    assert "--train-online" in cmd and "--out" not in cmd  # no snapshot file
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    assert sets == ["train.out=out/run", "online.placement=separate", "online.trainer_ranks=2", "online.max_wait=0.5"]
+    assert "4 simulate, 2 train" in proc.stderr
+    proc = _run([BASH, str(JOBS / "slurm_online.sbatch")], _env(DRY_RUN="1", NP="4", PLACEMENT="colocated"))
+    assert proc.returncode == 0, proc.stderr
+    (cmd,) = _commands(proc.stdout)
+    assert cmd[0] == "srun" and "--kill-on-bad-exit=1" in cmd and "--ntasks=4" in cmd
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    assert sets == ["train.out=out/run", "online.placement=colocated"]
+
+
 def _train_cmd(tmp_path: Path, **extra: str) -> list[str]:
     proc = _run([str(JOBS / "mpirun_train.sh")], _env(DRY_RUN="1", RUNDIR=str(tmp_path), **extra))
     assert proc.returncode == 0, proc.stderr

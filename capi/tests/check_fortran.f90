@@ -1,6 +1,8 @@
 ! The Fortran module under mpiexec (driven by tests/test_capi.py): a Fortran-ordered 2-D field
 ! cut over hpctp's 2-D grid, the demo model (y = 2x + mean(x)) applied in place, checked here.
 ! Prints per rank:  fortran coords=<c1>,<c2> init=<rc> maxerr=<e> maxerrf=<e> bad=<rc> msg=<...>
+! and  fortran stream put=<rc> init=<rc> final=<rc> put_msg=<...> init_msg=<...>  (the online-training
+! bindings: a put before hpctp_stream_init, a missing config file, a finalize with no stream open)
 program check_fortran
   use, intrinsic :: iso_c_binding, only: c_int, c_double, c_float
   use hpctp
@@ -21,10 +23,11 @@ program check_fortran
   end interface
   integer, parameter :: gshape(2) = [11, 6]
   integer :: ierr, rc_init, rc_bad, rc_before, ndim, dims(4), coords(4), lo(2), n(2), i, j, k
+  integer :: rc_put, rc_stream, rc_final
   real(c_double), allocatable :: x(:, :)
   real(c_float), allocatable :: xf(:, :)
   real(c_double) :: dummy(1), mean, maxerr, maxerrf, want
-  character(len=:), allocatable :: before_msg, bad_msg
+  character(len=:), allocatable :: before_msg, bad_msg, put_msg, stream_msg
 
   dummy = 0
   rc_before = hpctp_infer(dummy, [1], [0], [1])
@@ -78,6 +81,13 @@ program check_fortran
   print '(a,i0,a,i0,a,i0,a,es10.3,a,es10.3,a,i0,a,i0,4a)', 'fortran coords=', coords(1), ',', coords(2), &
     ' init=', rc_init, ' maxerr=', maxerr, ' maxerrf=', maxerrf, ' bad=', rc_bad, ' before=', rc_before, &
     ' before_msg=', before_msg, ' bad_msg=', bad_msg
+  rc_put = hpctp_put(x, n, lo, gshape)
+  put_msg = hpctp_last_error()
+  rc_stream = hpctp_stream_init("/nonexistent/online.toml")
+  stream_msg = hpctp_last_error()
+  rc_final = hpctp_stream_finalize()
+  print '(a,i0,a,i0,a,i0,4a)', 'fortran stream put=', rc_put, ' init=', rc_stream, ' final=', rc_final, &
+    ' put_msg=', put_msg, ' init_msg=', stream_msg
   ierr = hpctp_finalize()
   if (check_mpi_finalize() /= 0) stop 1
 

@@ -3,15 +3,18 @@
 A simulation code written in C, C++ or Fortran links ``libhpctp_c``, which embeds Python
 and calls the functions here:
 
-=====================  ======================================================
-C                      Python
-=====================  ======================================================
-``hpctp_init``         :func:`init` (builds the :class:`~hpctp.ProcessGrid`)
-``hpctp_load``         :func:`load` (``"package.module:factory"`` + checkpoint)
-``hpctp_infer[_f]``    :func:`infer` on the caller's memory, in place
-``hpctp_grid``         :func:`grid_info`
-``hpctp_finalize``     :func:`finalize`
-=====================  ======================================================
+=========================  ======================================================
+C                          Python
+=========================  ======================================================
+``hpctp_init``             :func:`init` (builds the :class:`~hpctp.ProcessGrid`)
+``hpctp_load``             :func:`load` (``"package.module:factory"`` + checkpoint)
+``hpctp_infer[_f]``        :func:`infer` on the caller's memory, in place
+``hpctp_grid``             :func:`grid_info`
+``hpctp_stream_init``      :func:`stream_init` (online training: a trainer from a TOML file)
+``hpctp_put[_f]``          :func:`put`: the next snapshot's blocks to the trainer (copied)
+``hpctp_stream_finalize``  :func:`stream_finalize` (the trainer finishes: its checkpoint)
+``hpctp_finalize``         :func:`finalize`
+=========================  ======================================================
 
 They work from Python as well (that is how the multi-rank tests drive them). The state (one
 grid, one model) belongs to the process: :func:`init` creates it, :func:`finalize` frees it.
@@ -23,6 +26,13 @@ model are collective: they must raise on every rank, or on none (use
 :func:`hpctp.comm.raise_if_any`), because a rank that raises while the others communicate
 leaves them waiting. The model must not keep references to its input after the call: the
 input is the simulation's own memory.
+
+Trainer contract (what ``hpctp_stream_init`` expects): the TOML file names ``trainer =
+"package.module:factory"`` at its top level; ``factory(grid, config)`` (``config``: the whole file as a
+dict) is called on every rank and returns a :class:`Trainer`: ``put(x: DistTensor)`` takes each snapshot
+(collective; it must copy what it keeps), ``finalize()`` ends the stream and finishes the training. The
+apps' online trainer is ``apps.surrogate.online:capi_trainer`` (co-located: the simulation's ranks train
+between its steps, on its own blocks).
 
 Every error that only some ranks can see (a bad pointer, wrong offsets, a missing file, an
 exception in the model) is agreed on collectively, so every rank returns the same error and
@@ -49,7 +59,20 @@ from ..comm import ProcessGrid
 from ..tensor.core import DistTensor
 from ..tensor.creation import from_local
 
-__all__ = ["DemoModel", "Model", "demo_model", "finalize", "grid_info", "infer", "init", "load"]
+__all__ = [
+    "DemoModel",
+    "Model",
+    "Trainer",
+    "demo_model",
+    "finalize",
+    "grid_info",
+    "infer",
+    "init",
+    "load",
+    "put",
+    "stream_finalize",
+    "stream_init",
+]
 
 _MAX_NDIM = 32
 _DTYPES = ("float64", "float32")
@@ -61,11 +84,21 @@ class Model(Protocol):
     def __call__(self, x: DistTensor) -> DistTensor: ...
 
 
+class Trainer(Protocol):
+    """Local. What ``hpctp_stream_init``'s factory returns: takes snapshots, then finishes."""
+
+    def put(self, x: DistTensor) -> object: ...
+
+    def finalize(self) -> object: ...
+
+
 @dataclass
 class _State:
     grid: ProcessGrid
     model: Model | None = None
     model_name: str = ""
+    trainer: Trainer | None = None
+    put_layout: Any = None  # the layout of the first put's blocks: later puts are checked against it
 
 
 _state: _State | None = None
@@ -160,20 +193,7 @@ def load(model: str, checkpoint: str | None = None) -> None:
     grid = state.grid
     state.model = None  # a failing load leaves no model behind
     error: Exception | None = None
-    factory: Any = None
-    try:
-        mod_name, sep, attr = str(model).partition(":")
-        if not sep or not mod_name or not attr:
-            raise ValueError(f"model={model!r} must be 'package.module:factory'")
-        module = importlib.import_module(mod_name)
-        factory = module
-        for part in attr.split("."):
-            factory = getattr(factory, part)
-        if not callable(factory):
-            raise TypeError(f"model={model!r}: {attr} is a {type(factory).__name__}, not a callable")
-    except Exception as e:  # any import problem, on any rank, becomes a collective error
-        error = e if isinstance(e, (ValueError, TypeError)) else RuntimeError(f"{type(e).__name__}: {e}")
-    C.raise_if_any(grid.comm, error)
+    factory = _import_factory(grid, model, "model")
     obj: Any = None
     try:
         obj = factory(grid, checkpoint or None)
@@ -184,6 +204,27 @@ def load(model: str, checkpoint: str | None = None) -> None:
     C.raise_if_any(grid.comm, error)
     state.model = obj
     state.model_name = str(model)
+
+
+def _import_factory(grid: ProcessGrid, spec: object, what: str) -> Any:
+    """Collective over grid. The callable ``"package.module:factory"`` names; an import problem on
+    any rank is raised on every rank (as its type when it is a ValueError or TypeError, else
+    RuntimeError)."""
+    error: Exception | None = None
+    factory: Any = None
+    try:
+        mod_name, sep, attr = str(spec).partition(":")
+        if not sep or not mod_name or not attr:
+            raise ValueError(f"{what}={spec!r} must be 'package.module:factory'")
+        factory = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+        if not callable(factory):
+            raise TypeError(f"{what}={spec!r}: {attr} is a {type(factory).__name__}, not a callable")
+    except Exception as e:  # any import problem, on any rank, becomes a collective error
+        error = e if isinstance(e, (ValueError, TypeError)) else RuntimeError(f"{type(e).__name__}: {e}")
+    C.raise_if_any(grid.comm, error)
+    return factory
 
 
 def infer(
@@ -240,6 +281,33 @@ def _infer_c(
     of the wrapped array keeps that array alive: a weak reference to it tells whether the model
     kept a view of its input, and then every rank raises.
     """
+    _block_c(_infer, buffer, dtype, local_shape, global_offsets, global_shape, split, error)
+
+
+def _put_c(
+    buffer: memoryview | None,
+    dtype: str,
+    local_shape: Sequence[int],
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int] | None,
+    error: str | None,
+) -> None:
+    """Collective over grid. The entry point of ``hpctp_put``: wrap the caller's (read-only) memory,
+    then :func:`put`; as :func:`_infer_c`, no view of it may outlive the call."""
+    _block_c(_put, buffer, dtype, local_shape, global_offsets, global_shape, split, error)
+
+
+def _block_c(
+    call: Any,
+    buffer: memoryview | None,
+    dtype: str,
+    local_shape: Sequence[int],
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int] | None,
+    error: str | None,
+) -> None:
     wrapped: weakref.ref[np.ndarray] | None = None
     block: np.ndarray | None = None
     err: Exception | None = ValueError(error) if error else None
@@ -250,7 +318,7 @@ def _infer_c(
             shape = tuple(_ints(local_shape, "local_shape"))
             if buffer is None:
                 raise ValueError("no data buffer")
-            block = np.frombuffer(buffer, dtype=dtype)  # zero-copy, writeable
+            block = np.frombuffer(buffer, dtype=dtype)  # zero-copy (writeable for hpctp_infer)
             wrapped = weakref.ref(block)  # every view of the caller's memory keeps this array alive
             if block.size != math.prod(shape):
                 raise ValueError(f"buffer holds {block.size} elements but local_shape={shape}")
@@ -258,7 +326,7 @@ def _infer_c(
         except (TypeError, ValueError) as e:
             err = e
     try:
-        _infer(block, global_offsets, global_shape, split, err)
+        call(block, global_offsets, global_shape, split, err)
         block = None
         kept = wrapped is not None and wrapped() is not None
         C.raise_if_any(_require_state().grid.comm, _kept_view_error() if kept else None)
@@ -273,8 +341,8 @@ def _kept_view_error() -> RuntimeError:
     state = _require_state()
     return RuntimeError(
         f"rank {state.grid.rank}: model {state.model_name!r} kept a view of its input block after hpctp_infer "
-        f"(the output was written); the caller may free or reuse that memory, so the model must copy what it "
-        f"keeps (np.array(x.local) or tensor.clone())"
+        f"or hpctp_put (the call's work was done); the caller may free or reuse that memory, so the model or "
+        f"trainer must copy what it keeps (np.array(x.local) or tensor.clone())"
     )
 
 
@@ -318,27 +386,31 @@ def _normalize_split_arg(split: Sequence[int | None] | None, ndim: int, grid_ndi
     return sp
 
 
-def _infer(
+def _wrap(
     block: np.ndarray | None,
     global_offsets: Sequence[int],
     global_shape: Sequence[int],
     split: Sequence[int | None] | None,
     error: Exception | None,
-) -> None:
+    writeable: bool = True,
+) -> DistTensor:
+    """Collective over grid. Check the caller's block and arguments (agreed on every rank), then wrap
+    the block as a DistTensor without copying."""
     state = _require_state()
     grid = state.grid
     # 1. this rank's own checks, agreed on collectively
     info = [-1] * (1 + 2 * _MAX_NDIM)
     if error is None:
         try:
-            if state.model is None:
-                raise RuntimeError("no model loaded: call hpctp_load (hpctp.capi.load) first")
             if not isinstance(block, np.ndarray):
                 raise TypeError(f"block must be a numpy array, got {type(block).__name__}")
             if block.dtype not in (np.float64, np.float32):
                 raise TypeError(f"block dtype must be float64 or float32, got {block.dtype}")
-            if not (block.flags.c_contiguous and block.flags.writeable):
-                raise ValueError("block must be C-contiguous and writeable (the result is written into it)")
+            if not block.flags.c_contiguous or (writeable and not block.flags.writeable):
+                raise ValueError(
+                    "block must be C-contiguous"
+                    + (" and writeable (the result is written into it)" if writeable else "")
+                )
             ndim = block.ndim
             if not 1 <= ndim <= _MAX_NDIM:
                 raise ValueError(f"ndim={ndim} must be in 1..{_MAX_NDIM}")
@@ -374,6 +446,23 @@ def _infer(
             f"rank in the communicator, row-major coordinates, see hpctp_grid)"
         )
     C.raise_if_any(grid.comm, error)
+    return x
+
+
+def _infer(
+    block: np.ndarray | None,
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int | None] | None,
+    error: Exception | None,
+) -> None:
+    state = _require_state()
+    grid = state.grid
+    if error is None and state.model is None:
+        error = RuntimeError("no model loaded: call hpctp_load (hpctp.capi.load) first")
+    x = _wrap(block, global_offsets, global_shape, split, error)
+    if block is None:  # unreachable: _wrap raised on every rank otherwise
+        raise RuntimeError("internal error: no block after a successful check")
     # 4. the model, its errors agreed on
     out: np.ndarray | None = None
     try:
@@ -402,9 +491,155 @@ def _describe(row: np.ndarray) -> str:
     return f"global_shape={shape}, split={sp}"
 
 
+def stream_init(config: str) -> None:
+    """Collective over grid. Start online training: the trainer named in the TOML file ``config``.
+
+    Parameters
+    ----------
+    config : str
+        Path of a TOML file with a top-level ``trainer = "package.module:factory"``; the factory
+        gets the grid and the whole file as a dict (see :class:`Trainer`), e.g.
+        ``apps.surrogate.online:capi_trainer`` with the apps' ``[simulation]`` (what the caller's
+        simulation produces), ``[surrogate]``, ``[train]`` and ``[online]`` sections.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` has not been called (local), or a stream is already open.
+    FileNotFoundError, ValueError
+        If the file is missing, not TOML, or names no trainer (on every rank).
+    Exception
+        What the import or the factory raised (on every rank).
+    """
+    import tomllib
+
+    state = _require_state()
+    grid = state.grid
+    error: Exception | None = None
+    cfg: dict[str, Any] = {}
+    try:
+        if state.trainer is not None:
+            raise RuntimeError("a stream is open: call hpctp_stream_finalize before hpctp_stream_init")
+        with open(str(config), "rb") as f:
+            cfg = tomllib.load(f)
+        if not isinstance(cfg.get("trainer"), str):
+            raise ValueError(
+                f'{config}: no top-level trainer = "package.module:factory" (e.g. apps.surrogate.online:capi_trainer)'
+            )
+    except (OSError, ValueError, RuntimeError, TypeError) as e:  # (tomllib's errors are ValueErrors)
+        error = e
+    C.raise_if_any(grid.comm, error)
+    factory = _import_factory(grid, cfg["trainer"], "trainer")
+    trainer: Any = None
+    try:
+        trainer = factory(grid, cfg)
+        if not (callable(getattr(trainer, "put", None)) and callable(getattr(trainer, "finalize", None))):
+            raise TypeError(
+                f"trainer factory {cfg['trainer']!r} returned a {type(trainer).__name__} without put and finalize"
+            )
+    except Exception as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
+    state.trainer = trainer
+    state.put_layout = None
+
+
+def put(
+    block: np.ndarray,
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int | None] | None = None,
+) -> None:
+    """Collective over grid. Hand the next snapshot to the trainer: the blocks held by the ranks
+    (copied by the trainer; the caller may change them afterwards).
+
+    The first call checks the arguments on every rank (as :func:`infer`) and remembers the layout;
+    later calls must pass blocks of the same shapes and offsets (checked locally, agreed in one
+    all-reduce).
+
+    Parameters
+    ----------
+    block : numpy.ndarray
+        This rank's block (float32 or float64, C-contiguous; read only).
+    global_offsets, global_shape, split
+        As for :func:`infer`.
+
+    Raises
+    ------
+    RuntimeError
+        If no stream is open (:func:`stream_init`).
+    ValueError, TypeError
+        On inconsistent arguments, or a block unlike the first one's, on any rank: raised on every rank.
+    Exception
+        What the trainer raised (on every rank).
+    """
+    _put(block, global_offsets, global_shape, split, None)
+
+
+def _put(
+    block: np.ndarray | None,
+    global_offsets: Sequence[int],
+    global_shape: Sequence[int],
+    split: Sequence[int | None] | None,
+    error: Exception | None,
+) -> None:
+    state = _require_state()
+    grid = state.grid
+    if error is None and state.trainer is None:
+        error = RuntimeError("no stream: call hpctp_stream_init first")
+    key: tuple[Any, ...] = ()
+    if error is None:
+        try:
+            key = (getattr(block, "shape", None), getattr(block, "dtype", None), tuple(_ints(global_offsets, "global_offsets")),
+                   tuple(_ints(global_shape, "global_shape")), None if split is None else tuple(split))  # fmt: skip
+        except (TypeError, ValueError) as e:
+            error = e
+    if state.put_layout is None:  # the first snapshot: every check, agreed on; its layout kept
+        x = _wrap(block, global_offsets, global_shape, split, error, writeable=False)
+        state.put_layout = (key, x.layout)
+    else:
+        if error is None and key != state.put_layout[0]:
+            error = ValueError(
+                f"hpctp_put: rank {grid.rank} passed a block of shape {key[0]}, dtype {key[1]}, offsets {key[2]}, "
+                f"global shape {key[3]}, split {key[4]}; the first hpctp_put passed {state.put_layout[0][:5]}: a "
+                "stream carries snapshots of one field"
+            )
+        C.raise_if_any(grid.comm, error)
+        x = DistTensor(block, grid, state.put_layout[1])
+    try:
+        state.trainer.put(x)  # type: ignore[union-attr]
+    except Exception as e:
+        error = e
+    C.raise_if_any(grid.comm, error)
+
+
+def stream_finalize() -> None:
+    """Collective over grid. End the stream: the trainer runs the steps its snapshots allow, writes
+    its checkpoint and closes (a no-op when no stream is open).
+
+    Raises
+    ------
+    Exception
+        What the trainer raised (on every rank); the stream is closed anyway.
+    """
+    state = _require_state()
+    trainer, state.trainer, state.put_layout = state.trainer, None, None
+    if trainer is None:
+        return
+    error: Exception | None = None
+    try:
+        trainer.finalize()
+    except Exception as e:
+        error = e
+    C.raise_if_any(state.grid.comm, error)
+
+
 def finalize() -> None:
-    """Collective over grid. Drop the model and free the grid (a no-op when not initialised)."""
+    """Collective over grid. Finish an open stream (:func:`stream_finalize`), drop the model and free
+    the grid (a no-op when not initialised)."""
     global _state
+    if _state is not None and _state.trainer is not None:
+        stream_finalize()
     state, _state = _state, None
     if state is not None:
         state.model = None

@@ -29,6 +29,7 @@ from .counter import CommCounter, record
 from .cuda import cuda_aware, cuda_aware_reason
 from .device import current_device, gpu_count, local_rank, select_device, use_device
 from .grid import ProcessGrid, check_grid
+from .groups import free_comm, iprobe, split_comm
 from .summa_calls import ireduce, reduce
 
 __all__ = [
@@ -48,11 +49,13 @@ __all__ = [
     "cuda_aware",
     "cuda_aware_reason",
     "current_device",
+    "free_comm",
     "gatherv",
     "gpu_count",
     "iallgatherv",
     "iallreduce",
     "ibcast",
+    "iprobe",
     "irecv",
     "ireduce",
     "ireduce_scatter",
@@ -65,6 +68,7 @@ __all__ = [
     "reduce",
     "scatterv",
     "slowest_seconds",
+    "split_comm",
     "select_device",
     "staging_pool",
     "synchronize",

@@ -16,6 +16,10 @@ __all__ = [
     "PIPELINE_META",
     "RING",
     "RING_GRAD",
+    "STREAM_ACK",
+    "STREAM_CREDIT",
+    "STREAM_DATA",
+    "STREAM_HEADER",
     "TURN",
 ]
 
@@ -35,8 +39,18 @@ PIPELINE_GRADIENT = 0x5047
 """Their gradients, back to the previous stage."""
 PIPELINE_META = 0x5048
 """The shapes and layouts of a stage boundary's activations, agreed once per input signature."""
+STREAM_DATA = 0x5354
+"""Online training: a snapshot's pieces from simulation ranks to trainer ranks (:mod:`hpctp.io.stream`)."""
+STREAM_HEADER = 0x5355
+"""Its header (number, produced and dropped counts), from the simulation's first rank to the trainer's."""
+STREAM_CREDIT = 0x5356
+"""A credit back: the trainer took a snapshot into its buffer (the simulation may send another)."""
+STREAM_ACK = 0x5357
+"""The trainer's answer to the end of the stream: the number of credits it sent."""
 
 NAMES = {
     HALO: "halo", HALO_ADJOINT: "halo adjoint", RING: "ring", RING_GRAD: "ring gradient", TURN: "IO turn",
     PIPELINE_ACTIVATION: "pipeline activation", PIPELINE_GRADIENT: "pipeline gradient", PIPELINE_META: "pipeline meta",
+    STREAM_DATA: "stream data", STREAM_HEADER: "stream header", STREAM_CREDIT: "stream credit",
+    STREAM_ACK: "stream end ack",
 }  # fmt: skip

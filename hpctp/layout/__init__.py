@@ -2,6 +2,7 @@
 
 from .blocks import block_cuts, block_range, block_sizes, check_cuts, owner_of
 from .flat import FlatPacking, FlatPiece, flat_range_boxes
+from .groups import GroupPiece, GroupTransferPlan, group_transfer_plan
 from .layout import Layout, grid_coords, grid_rank, normalize_split
 from .plan import (
     Piece,
@@ -19,6 +20,8 @@ from .tiling import tiled_layout
 __all__ = [
     "FlatPacking",
     "FlatPiece",
+    "GroupPiece",
+    "GroupTransferPlan",
     "Layout",
     "Piece",
     "RedistributionPlan",
@@ -32,6 +35,7 @@ __all__ = [
     "flip_remap",
     "grid_coords",
     "grid_rank",
+    "group_transfer_plan",
     "intersect",
     "inverse_remap",
     "moves_data",
