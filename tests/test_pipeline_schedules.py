@@ -390,31 +390,32 @@ def test_balanced_cuts_refuses_empty_stages():
         ((7, 5, 4), (2, 3), (0, 1, None), (6,), (None, 0, None)),  # onto another shape of the 6 ranks
         ((9, 4), (3,), (0, None), (3,), (None, 0)),
         ((6, 6), (2, 2), (0, 1), (4,), (0, None)),
-        ((5, 3), (2, 2), (0, None), (2, 2), (0, None)),  # no change: every piece stays with its counterpart
+        ((5, 3), (2, 2), (0, None), (2, 2), (0, None)),  # no change, replicated over the second axis
+        ((5, 3), (2, 2), (0, 1), (2, 2), (0, 1)),  # no change: every piece to its counterpart
     ],
 )
-def test_boundary_moves_pair_every_piece_in_order(shape, dims, split, dims2, split2) -> None:  # type: ignore[no-untyped-def]
-    """A layout change fused into a stage boundary: for every pair of model ranks, the boxes one sends are the boxes
-    the other receives, in the same order (messages of one tag match in order); every element of each new block
-    arrives exactly once, and the gradient's pieces go back the same way."""
-    from hpctp.layout import Layout, grid_coords
-    from hpctp.nn.pipeline_parallel._relayout import boundary_moves
+def test_stage_boundary_transfers_pair_every_piece_in_order(shape, dims, split, dims2, split2) -> None:  # type: ignore[no-untyped-def]
+    """A layout change fused into a stage boundary (hpctp.layout.group_transfer_plan between the two stages' model
+    ranks, interleaved in the grid's numbering): for every pair of ranks, the boxes one sends are the boxes the other
+    receives, in the same order (messages of one tag match in order); every element of each new block arrives exactly
+    once (a replicated block sent by one replica to every replica), the gradient's pieces go back the same way, and an
+    unchanged layout split over every axis goes to the counterpart only."""
+    from hpctp.layout import Layout, grid_coords, group_transfer_plan
 
     src, dst = Layout(shape, dims, split), Layout(shape, dims2, split2)
-    moves = {r: boundary_moves(src, dst, r) for r in range(src.nranks)}
-    for k, (a, b) in enumerate(((src, dst), (dst, src))):
-        for r in range(src.nranks):
-            for q in range(src.nranks):
-                sent = [box for peer, _, box in moves[r][k].sends if peer == q]
-                got = [box for peer, _, box in moves[q][k].recvs if peer == r]
-                assert sent == got, (k, r, q)
-            count = np.zeros(b.local_shape(grid_coords(r, b.grid_dims)), dtype=int)
-            for _, where, box in moves[r][k].recvs:
-                count[where] += 1
-                assert count[where].shape == tuple(hi - lo for lo, hi in box)
-            assert (count == 1).all(), (k, r)
-            mine = a.local_ranges(grid_coords(r, a.grid_dims))
-            for _, where, box in moves[r][k].sends:  # (the slices of the sender's block are the box)
-                assert tuple((lo + s.start, lo + s.stop) for (lo, _), s in zip(mine, where)) == box
-    if (dims, split) == (dims2, split2):
-        assert all(peer == r for r in moves for peer, _, _ in moves[r][0].sends)
+    n = src.nranks
+    before, after = tuple(range(0, 2 * n, 2)), tuple(range(1, 2 * n, 2))  # (stages along the fastest grid axis)
+    for a, ra, b, rb in ((src, before, dst, after), (dst, after, src, before)):
+        plans = {r: group_transfer_plan(a, ra, b, rb, r) for r in range(2 * n)}
+        for r in ra:
+            for q in rb:
+                sent = [p.box for p in plans[r].sends if p.peer == q]
+                got = [p.box for p in plans[q].recvs if p.peer == r]
+                assert sent == got, (r, q)
+        for g, q in enumerate(rb):
+            count = np.zeros(b.local_shape(grid_coords(g, b.grid_dims)), dtype=int)
+            for p in plans[q].recvs:
+                count[p.slices] += 1
+            assert (count == 1).all(), q
+        if (dims, split) == (dims2, split2) and not src.replicated_axes:
+            assert all(p.peer == rb[ra.index(r)] for r in ra for p in plans[r].sends)

@@ -9,7 +9,7 @@ import torch
 
 import hpctp
 
-__all__ = ["pointwise", "cat_channels", "with_local", "ResidualScale", "zero_"]
+__all__ = ["pointwise", "cat_channels", "with_local", "ResidualScale", "zero_", "set_delta_scale"]
 
 T = TypeVar("T", hpctp.DistTensor, torch.Tensor)
 
@@ -66,3 +66,12 @@ class ResidualScale(torch.nn.Module):
         """Local. ``delta_scale`` back to 1."""
         with torch.no_grad():
             self.delta_scale.fill_(1.0)
+
+
+def set_delta_scale(model: torch.nn.Module, value: float) -> None:
+    """Local. Fill every ``delta_scale`` buffer of ``model`` (the model's own, or its head's in a chain; none on a
+    pipeline's other stages) with ``value``."""
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.split(".")[-1] == "delta_scale":
+                buf.fill_(value)

@@ -38,6 +38,7 @@ from hpctp.io import Stream, StreamConfig, TrainingSchedule, save_checkpoint
 from hpctp.io.replay import snapshots_for_pairs
 from hpctp.nn import ParallelPlan, ShardedDataParallel, relative_l2_error
 
+from .blocks import set_delta_scale
 from .data import split_indices
 from .models import build_model
 from .parallel import TrainingSetup
@@ -233,8 +234,7 @@ class OnlineTrainer:
         """Collective over plan.grid. Before the first step: the output scale ``delta_scale`` from the
         pairs in the buffer then (offline training takes all pairs; buffers stay whole at any stage)."""
         scale = self.stream.pair_rms() or 1.0
-        with torch.no_grad():
-            self.model.get_buffer("delta_scale").fill_(scale)
+        set_delta_scale(self.model, scale)
         self.scaled = True
         self.log.info("RMS change between paired snapshots in the buffer: %.4g (output scale)", scale)
 

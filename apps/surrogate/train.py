@@ -30,7 +30,7 @@ from hpctp.nn import (
     sync_gradients,
 )
 
-from .blocks import pointwise
+from .blocks import pointwise, set_delta_scale
 from .data import open_pairs
 from .models import build_model
 from .parallel import TrainingSetup, autocast, checkpoint_layers, memory_line, training_setup
@@ -61,10 +61,7 @@ def fit_delta_scale(model: torch.nn.Module, pairs: Any, grid: hpctp.ProcessGrid)
         sums += [float((d * d).sum()), d.numel()]
     hpctp.comm.allreduce(grid.comm, sums, "sum")
     scale = float(np.sqrt(sums[0] / max(sums[1], 1.0))) or 1.0
-    with torch.no_grad():
-        for name, buf in model.named_buffers():  # (the model's, or its head's; absent on a pipeline's other stages)
-            if name.split(".")[-1] == "delta_scale":
-                buf.fill_(scale)
+    set_delta_scale(model, scale)
     return scale
 
 

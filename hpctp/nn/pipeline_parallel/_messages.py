@@ -38,7 +38,8 @@ DistTensor's global shape, split and cuts."""
 class Part:
     """Local. One tensor of an activation as the receiver rebuilds it: its block's shape and dtype, and its layout if
     a DistTensor; ``source``: the sender's layout when the part changes layout on the way (the next stage starts
-    with :class:`hpctp.nn.Redistribute`: the pieces travel straight to their new ranks, :mod:`._relayout`)."""
+    with :class:`hpctp.nn.Redistribute`: the pieces travel straight to their new ranks,
+    :func:`hpctp.layout.group_transfer_plan`)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype

@@ -33,7 +33,7 @@ import torch
 from ... import comm as C
 from ..._util.ints import is_int
 from ...comm import Pending, tags
-from ...layout import Layout, block_range, grid_coords
+from ...layout import GroupTransferPlan, Layout, block_range, grid_coords, group_transfer_plan
 from ...tensor.core import DistTensor
 from ..distributed.plan import ParallelPlan
 from ..distributed.recompute import Checkpointed
@@ -43,8 +43,7 @@ from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, 
 from ..spatial.redistribute import Redistribute
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
-from ._messages import Described, blocks_of, describe, moved, receive_description, send_description
-from ._relayout import boundary_moves
+from ._messages import Described, Part, blocks_of, describe, moved, receive_description, send_description
 from ._split_backward import backward_input
 from .schedules import Schedule, pipeline_schedule
 
@@ -183,7 +182,8 @@ class PipelineParallel(torch.nn.Module):
         self.cuts = tuple(cuts) if cuts is not None else self._balance(chain, sample)
         self.stages = tuple(sched.stages_of(plan.pipeline_rank))
         # stages starting with a Redistribute: the previous stage sends the pieces of its output straight to their
-        # ranks in the new layout (the redistribution fused into the pipeline's messages, ._relayout)
+        # ranks in the new layout (the redistribution fused into the pipeline's messages: hpctp.layout.group_transfer_plan)
+        self._model_ranks_of: dict[int, tuple[int, ...]] = {}  # stage -> its grid ranks at this data coordinate
         self._relayout = {
             s: chain[self.cuts[s]] for s in range(1, sched.n_stages) if isinstance(chain[self.cuts[s]], Redistribute)
         }
@@ -490,11 +490,11 @@ class _Step:
             if p.source is None:
                 pending.append(C.irecv(self.comm, block, pipe_peer, tag))
                 continue
-            fwd, bwd = boundary_moves(p.source, cast(Layout, p.layout), self.grid.rank)
-            for peer, where, box in (fwd if kind == "F" else bwd).recvs:
-                buf = torch.empty(tuple(hi - lo for lo, hi in box), dtype=p.dtype, device=device)
-                pending.append(C.irecv(self.world, buf, self._rank_on(peer_stage, peer), tag))
-                pieces.append((block, where, buf))
+            boundary = a.stage - 1 if kind == "F" else a.stage
+            for piece in self._transfer(p, boundary, kind).recvs:
+                buf = torch.empty(piece.shape, dtype=p.dtype, device=device)
+                pending.append(C.irecv(self.world, buf, piece.peer, tag))
+                pieces.append((block, piece.slices, buf))
 
         def finish() -> list[torch.Tensor]:
             for block, where, buf in pieces:
@@ -508,14 +508,32 @@ class _Step:
         layer = self.pipe._relayout.get(stage)
         return layer if layer is not None and self._peer(stage) != self._peer(stage - 1) else None
 
-    def _rank_on(self, stage: int, model_rank: int) -> int:
-        """The grid rank holding ``stage`` at this rank's data coordinates and the model grid's rank ``model_rank``."""
+    def _transfer(self, p: Part, boundary: int, kind: str) -> GroupTransferPlan:
+        """The pieces of a tensor whose layout changes at ``boundary`` (stage ``boundary`` to ``boundary + 1``):
+        forward (``kind`` F) from ``p.source`` on the sending stage's model ranks to ``p.layout`` on the receiving
+        stage's, backward (B, the gradient) the other way; peers are ranks of the whole grid."""
+        src, dst = cast(Layout, p.source), cast(Layout, p.layout)
+        before, after = self._model_ranks(boundary), self._model_ranks(boundary + 1)
+        rank = self.pipe.plan.grid.rank
+        if kind == "F":
+            return group_transfer_plan(src, before, dst, after, rank)
+        return group_transfer_plan(dst, after, src, before, rank)
+
+    def _model_ranks(self, stage: int) -> tuple[int, ...]:
+        """The grid ranks holding ``stage`` at this rank's data coordinates, in the model grid's row-major order."""
+        known = self.pipe._model_ranks_of.get(stage)
+        if known is not None:
+            return known
         plan = self.pipe.plan
-        coords = list(plan.grid.coords)
-        coords[plan.pipeline_axes[0]] = self._peer(stage)
-        for axis, c in zip(plan.grid_axes(range(self.grid.ndim)), grid_coords(model_rank, self.grid.dims)):
-            coords[axis] = c
-        return plan.grid.rank_of(tuple(coords))
+        out = []
+        for q in range(self.grid.size):
+            coords = list(plan.grid.coords)
+            coords[plan.pipeline_axes[0]] = self._peer(stage)
+            for axis, c in zip(plan.grid_axes(range(self.grid.ndim)), grid_coords(q, self.grid.dims)):
+                coords[axis] = c
+            out.append(plan.grid.rank_of(tuple(coords)))
+        self.pipe._model_ranks_of[stage] = tuple(out)
+        return tuple(out)
 
     def _device(self) -> torch.device:
         for module in self.pipe.modules_of.values():
@@ -546,17 +564,16 @@ class _Step:
         for block, p in zip(blocks, d.parts):
             self._send(block.detach(), p, "F", a.stage + 1, tags.PIPELINE_ACTIVATION)
 
-    def _send(self, block: torch.Tensor, p: Any, kind: str, stage: int, tag: int) -> None:
+    def _send(self, block: torch.Tensor, p: Part, kind: str, stage: int, tag: int) -> None:
         """Send one tensor to ``stage``: whole to the counterpart, or (a layout changing on the way) each piece to
         the rank that keeps it (``kind`` F: the activation's pieces; B: the gradient's, back)."""
         if p.source is None:
             data = block.contiguous()
             self.sends.append((C.isend(self.comm, data, self._peer(stage), tag), data))
             return
-        fwd, bwd = boundary_moves(p.source, p.layout, self.grid.rank)
-        for peer, where, _ in (fwd if kind == "F" else bwd).sends:
-            data = block[where].contiguous()
-            self.sends.append((C.isend(self.world, data, self._rank_on(stage, peer), tag), data))
+        for piece in self._transfer(p, stage - 1 if kind == "F" else stage, kind).sends:
+            data = block[piece.slices].contiguous()
+            self.sends.append((C.isend(self.world, data, piece.peer, tag), data))
 
     def send_gradient(self, a: Action) -> None:
         grads = self.dinput.pop((a.stage, a.microbatch))
