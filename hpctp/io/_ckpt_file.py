@@ -102,3 +102,23 @@ def as_tensor(buf: np.ndarray, dtype: str) -> torch.Tensor:
 
 def class_name(optimizer: torch.optim.Optimizer) -> str:
     return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
+def check_saved_optimizer(f: h5py.File, path: str, optimizer: torch.optim.Optimizer) -> None:
+    """Local. The file holds optimizer state, saved from the same optimizer type.
+
+    Raises
+    ------
+    KeyError
+        If it holds none.
+    ValueError
+        If another optimizer type saved it.
+    """
+    if "optimizer" not in f:
+        raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
+    saved_class = f["optimizer"].attrs.get("class", None)
+    if saved_class is not None and str(saved_class) != class_name(optimizer):
+        raise ValueError(
+            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {class_name(optimizer)}; "
+            f"build the same optimizer type, or pass optimizer=None to load the model only"
+        )

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import comm as C
 from ..comm import ProcessGrid
-from ._ckpt_file import as_tensor, check_entries, check_format, class_name, read_slab
+from ._ckpt_file import as_tensor, check_entries, check_format, check_saved_optimizer, read_slab
 from ._ckpt_state import Entry, group_param_names, groups_from_json, model_entries, param_names
 from ._files import IOKeyError, check_path, resolve_method
 from .hdf5 import open_for_read
@@ -99,14 +99,7 @@ def _read_optimizer(
     grid: ProcessGrid,
     part: bool = False,
 ) -> dict[str, Any]:
-    if "optimizer" not in f:
-        raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
-    saved_class = f["optimizer"].attrs.get("class", None)
-    if saved_class is not None and str(saved_class) != class_name(optimizer):
-        raise ValueError(
-            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {class_name(optimizer)}; "
-            f"build the same optimizer type, or pass optimizer=None to load the model only"
-        )
+    check_saved_optimizer(f, path, optimizer)
     saved_groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
     current = group_param_names(model, optimizer)
     saved_names = [g["params"] for g in saved_groups]

@@ -34,11 +34,12 @@ from ._ckpt_file import (
     check_entries,
     check_format,
     check_same_everywhere,
+    check_saved_optimizer,
     class_name,
     read_slab,
 )
 from ._ckpt_state import Entry, file_dtype, groups_from_json, groups_text, storable
-from ._files import IOKeyError, check_path, native_dtype, resolve_method
+from ._files import check_path, native_dtype, resolve_method
 from ._writer import atomic_write
 from .hdf5 import create_dataset, open_for_read, read_block, write_block
 
@@ -299,14 +300,7 @@ def _read_optimizer(
     f: h5py.File, path: str, layout: Plan, optimizer: torch.optim.Optimizer, part: bool = False
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """Local. The saved hyperparameters and each bucket's slice state, checked against the model."""
-    if "optimizer" not in f:
-        raise IOKeyError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
-    saved_class = f["optimizer"].attrs.get("class", None)
-    if saved_class is not None and str(saved_class) != class_name(optimizer):
-        raise ValueError(
-            f"{path}: optimizer state was saved from {saved_class}, but the optimizer is {class_name(optimizer)}; "
-            f"build the same optimizer type, or pass optimizer=None to load the model only"
-        )
+    check_saved_optimizer(f, path, optimizer)
     groups = groups_from_json(f["optimizer"].attrs["param_groups"], optimizer)
     every = [n for n, _ in layout.sdp.module.named_parameters()]
     fits = set(every) <= set(groups[0]["params"]) if part and len(groups) == 1 else groups[0]["params"] == every

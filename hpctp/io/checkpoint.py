@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import h5py
 import numpy as np
@@ -53,6 +53,8 @@ if TYPE_CHECKING:  # torch is imported when a checkpoint is made, not with hpctp
     from ..nn.pipeline_parallel.runtime import PipelineParallel
 
 __all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
+
+W = TypeVar("W")
 
 
 def save_checkpoint(
@@ -163,33 +165,34 @@ def save_checkpoint(
 
 def _sharded(model: object, grid: ProcessGrid) -> ShardedDataParallel | None:
     """Collective over grid. ``model`` if it is a ShardedDataParallel of ``grid`` (checked on every rank), else None."""
-    from ..nn.distributed.sharded import (
-        ShardedDataParallel,  # here: hpctp.nn loads torch, which importing hpctp.io does not
-    )
+    from ..nn.distributed.sharded import ShardedDataParallel  # here: hpctp.nn loads torch, importing hpctp.io does not
 
-    if not isinstance(model, ShardedDataParallel):
-        return None
-    error = None
-    if model.plan.grid is not grid:
-        error = ValueError(
-            f"a ShardedDataParallel's checkpoint needs its plan's grid (dims {model.plan.grid.dims}) as grid, "
-            f"got another grid of dims {grid.dims}; pass sdp.plan.grid"
-        )
-    C.raise_if_any(grid.comm, error)
-    return model
+    return _wrapper(model, grid, ShardedDataParallel, "sdp")
 
 
 def _pipeline(model: object, grid: ProcessGrid) -> PipelineParallel | None:
     """Collective over grid. ``model`` if it is a PipelineParallel of ``grid`` (checked on every rank), else None."""
     from ..nn.pipeline_parallel.runtime import PipelineParallel  # here: hpctp.nn loads torch
 
-    if not isinstance(model, PipelineParallel):
+    return _wrapper(model, grid, PipelineParallel, "pipe")
+
+
+def _wrapper(model: object, grid: ProcessGrid, cls: type[W], name: str) -> W | None:
+    """Collective over grid. ``model`` if it is a ``cls`` (a wrapper with a ``plan``) on ``grid``, else None.
+
+    Raises
+    ------
+    ValueError
+        On every rank, if the wrapper's plan is on another grid.
+    """
+    if not isinstance(model, cls):
         return None
     error = None
-    if model.plan.grid is not grid:
+    mine = model.plan.grid  # type: ignore[attr-defined]
+    if mine is not grid:
         error = ValueError(
-            f"a PipelineParallel's checkpoint needs its plan's grid (dims {model.plan.grid.dims}) as grid, got another "
-            f"grid of dims {grid.dims}; pass pipe.plan.grid"
+            f"a {cls.__name__}'s checkpoint needs its plan's grid (dims {mine.dims}) as grid, got another grid of "
+            f"dims {grid.dims}; pass {name}.plan.grid"
         )
     C.raise_if_any(grid.comm, error)
     return model
