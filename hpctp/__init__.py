@@ -32,6 +32,7 @@ def __getattr__(name: str) -> object:
         return importlib.import_module(".perf", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "CommCounter",
     "DistTensor",

@@ -10,6 +10,10 @@ Config keys (``[train]``, all optional):
 * ``precision`` (``"fp32"`` or ``"bf16"``): bf16 runs the forward under ``torch.autocast`` (float32
   parameters and optimizer state; ``surrogate.dtype`` must then be float32).
 * ``checkpoint_activations`` (bool): recompute each layer's activations in backward.
+* ``plan`` (``"manual"`` or ``"auto"``): ``"auto"`` sets the keys above and ``simulation.grid`` to the plan
+  :func:`hpctp.perf.plan` predicts fastest within ``memory`` per rank (e.g. ``"16GiB"``; default the machine's) on
+  ``machine`` (a machine file or a published profile's name; empty: measured at start), see
+  :mod:`apps.surrogate.autoplan`.
 
 The grid is ``[data, *simulation.grid]`` plus ``[tensor]`` when ``tensor > 1``; the spatial part is
 filled in by MPI where ``simulation.grid`` has zeros, so the same config runs on any rank count.
@@ -44,6 +48,9 @@ class TrainingSetup:
         self.zero = t.get("zero", 0)
         self.precision = t.get("precision", "fp32")
         self.checkpoint_activations = t.get("checkpoint_activations", False)
+        self.plan = t.get("plan", "manual")
+        if self.plan not in ("manual", "auto"):
+            raise ValueError(f"train.plan must be 'manual' or 'auto', got {self.plan!r}")
         for name, value in (("data", self.data), ("tensor", self.tensor)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"train.{name} must be a positive int, got {value!r}")

@@ -26,6 +26,7 @@ import torch
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
 from .machine import COMPUTE_KEYS, KINDS, ComputeRates, Link, MachineProfile
+from .workload import fft_flops
 
 __all__ = ["calibrate", "SIZES", "REPEATS"]
 
@@ -107,6 +108,34 @@ def _rate(comm: Any, fn: Callable[[], object], work: float, repeats: int) -> flo
     return work / max(seconds, 1e-12)
 
 
+HOST_OPS = 2000
+"""Small operators timed per measurement of the host's time per kernel: long enough (milliseconds) that ranks sharing
+cores contend during it."""
+
+
+def host_op_seconds(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int = REPEATS) -> float:
+    """Collective over ``comm`` (local for ``comm=None``). Seconds per small operator on the host, all ranks at once
+    (the slowest rank's), or in this process alone: what the trace's measured host time scales by."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    tiny = torch.zeros(8, dtype=dtype, device=device)
+
+    def many() -> None:
+        t = tiny
+        for _ in range(HOST_OPS):
+            t = t + 1.0
+        sync()
+
+    many()
+    if comm is None:
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            many()
+            best = min(best, time.perf_counter() - t0)
+        return best / HOST_OPS
+    return sum(C.slowest_seconds(comm, many) for _ in range(repeats)) / repeats / HOST_OPS
+
+
 def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) -> ComputeRates:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -117,32 +146,25 @@ def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) 
 
         return go
 
-    n = 512
+    n, k = 512, 16  # a square GEMM, and one with a small dimension: rate and half-rate dimension
     a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     gemm = _rate(comm, run(lambda: a @ b), 2.0 * n**3, repeats)
+    thin = torch.randn(n, k, dtype=dtype, device=device)
+    small = _rate(comm, run(lambda: a @ thin), 2.0 * n * n * k, repeats)  # = gemm / (1 + half / k)
+    half = max(0.0, (gemm / small - 1.0) * k)
     x = torch.randn(4, 32, 64, 64, dtype=dtype, device=device)
     w = torch.randn(32, 32, 3, 3, dtype=dtype, device=device)
     conv = _rate(comm, run(lambda: torch.nn.functional.conv2d(x, w, padding=1)), 2.0 * 4 * 32 * 32 * 9 * 64 * 64,
                  repeats)  # fmt: skip
     f = torch.randn(8, 32, 128, 128, dtype=torch.float32 if dtype == torch.bfloat16 else dtype, device=device)
-    points = 128 * 128
-    fft = _rate(comm, run(lambda: torch.fft.rfft2(f)), 8 * 32 * 2.5 * points * math.log2(points) / 2, repeats)
+    fft = _rate(comm, run(lambda: torch.fft.rfft2(f)), fft_flops(f.numel(), 128 * 128), repeats)
     q = torch.randn(2, 4, 1024, 32, dtype=dtype, device=device)
     attn = _rate(comm, run(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)),
                  4.0 * 2 * 4 * 1024 * 1024 * 32, repeats)  # fmt: skip
     big = torch.zeros(1 << 22, dtype=dtype, device=device)
     bandwidth = _rate(comm, run(lambda: big.add_(1.0)), 2.0 * big.numel() * big.element_size(), repeats)
-    tiny = torch.zeros(8, dtype=dtype, device=device)
-    ops = 200
-
-    def many() -> None:
-        t = tiny
-        for _ in range(ops):
-            t = t + 1.0
-        sync()
-
-    kernel = 1.0 / _rate(comm, many, ops, repeats)
-    return ComputeRates(gemm, conv, fft, attn, bandwidth, kernel)
+    kernel = host_op_seconds(comm, device, dtype, repeats)
+    return ComputeRates(gemm, half, conv, fft, attn, bandwidth, kernel)
 
 
 def calibrate(

@@ -138,7 +138,8 @@ class Site:
         return tuple(a for a in self.spatial if self.dims[a] > 1)
 
 
-MessageModel = Callable[[torch.nn.Module, Site], list[Message]]
+MessageModel = Callable[[Any, Site], list[Message]]
+"""``model(module, site) -> messages``: the message model of a kind of module."""
 _REGISTRY: dict[type, MessageModel] = {}
 
 
@@ -328,33 +329,42 @@ def spectral_messages(module: Any, site: Site) -> list[Message]:
 
 
 def spectral_flops(module: Any, site: Site) -> dict[tuple[str, str], float]:
-    """Local. A spatially split Fourier layer's GEMM flops on the rank (truncated DFTs by matrix products:
-    :mod:`hpctp.nn.fourier`), forward and backward; one process uses FFTs instead (what the trace saw)."""
+    """Local. A spatially split Fourier layer's GEMM flops on the rank, forward and backward (truncated DFTs by matrix
+    products along each axis, :mod:`hpctp.nn.fourier`; a complex product counts four real ones), and the flops over
+    each product's smallest dimension (``"gemm_small"``). One process uses FFTs instead, which the trace saw."""
     if site.inputs is None or not site.spatial_axes():
         return {}
     w = module.weight
     cin, cout = int(w.shape[0]), int(w.shape[1])
-    modes = [int(k) for k in w.shape[2:-1]]  # 2 m per dim but the last (m)
+    modes = [int(k) for k in w.shape[2:-1]]  # kept modes per axis (2 m; m on the last)
     lay = site.layout(site.inputs, site.input_dims)
     local = lay.local_shape(site.coords)
     n = [local[d] for d in sorted(site.input_dims)]
     b = local[0]
-    fwd = 0.0
-    # forward: real block times the last axis's matrix (2 real products), then complex products along each other axis
-    rest = math.prod(n[:-1])
-    fwd += 4.0 * b * cin * rest * n[-1] * modes[-1]
-    shape = [*n[:-1], modes[-1]]
-    for i in range(len(n) - 2, -1, -1):
-        fwd += 8.0 * b * cin * math.prod(shape) / shape[i] * shape[i] * modes[i]
+    dft = [0.0, 0.0]  # (flops, flops / smallest dimension) of the transforms
+    mix = [0.0, 0.0]
+
+    def gemm(acc: list[float], m: float, k: float, nn: float, factor: float) -> None:
+        f = factor * 2.0 * m * k * nn
+        acc[0] += f
+        acc[1] += f / max(1.0, min(m, k, nn))
+
+    shape = list(n)
+    last = len(n) - 1
+    gemm(dft, b * cin * math.prod(shape[:last]), shape[last], modes[last], 2.0)  # real block x complex matrix
+    shape[last] = modes[last]
+    for i in range(last - 1, -1, -1):
+        gemm(dft, b * cin * math.prod(shape) / shape[i], shape[i], modes[i], 4.0)
         shape[i] = modes[i]
-    spectrum = math.prod(modes)
-    fwd += 8.0 * b * cin * cout * spectrum  # the weights mix the channels, per mode
+    gemm(mix, b * math.prod(modes), cin, cout, 4.0)
+    mix[1] = 4.0 * 2.0 * b * cin * cout * math.prod(modes) / max(1.0, min(b, cin, cout))
     shape = list(modes)
-    for i in range(len(n) - 1):
-        fwd += 8.0 * b * cout * math.prod(shape) / shape[i] * shape[i] * n[i]
+    for i in range(last):
+        gemm(dft, b * cout * math.prod(shape) / shape[i], shape[i], n[i], 4.0)
         shape[i] = n[i]
-    fwd += 4.0 * b * cout * math.prod(n[:-1]) * modes[-1] * n[-1]
-    return {("fwd", "gemm"): fwd, ("bwd", "gemm"): 2.0 * fwd}
+    gemm(dft, b * cout * math.prod(shape[:last]), modes[last], n[last], 2.0)  # complex x matrix, real part
+    return {("fwd", "gemm"): dft[0] + mix[0], ("fwd", "gemm_small"): dft[1] + mix[1],
+            ("bwd", "gemm"): dft[0] + 2 * mix[0], ("bwd", "gemm_small"): dft[1] + 2 * mix[1]}  # fmt: skip
 
 
 def loss_messages(loss_axes: tuple[int, ...], dims: tuple[int, ...], whole: bool) -> list[Message]:

@@ -56,8 +56,9 @@ LEVELS = ("intra", "inter")
 """Link levels: ranks of one node, ranks of different nodes."""
 SOURCES = ("published", "calibrated")
 """Where a profile's figures come from."""
-COMPUTE_KEYS = ("gemm", "conv", "fft", "attention", "bandwidth", "kernel")
-"""Per element type: flop/s of GEMMs, convolutions, FFTs and attention; bytes/s of elementwise work; seconds per kernel."""
+COMPUTE_KEYS = ("gemm", "gemm_half", "conv", "fft", "attention", "bandwidth", "kernel")
+"""Per element type: flop/s of GEMMs and the GEMM dimension at which they run at half that rate, flop/s of convolutions,
+FFTs and attention; bytes/s of elementwise work; seconds of host time per kernel."""
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 _MACHINE_KEYS = ("name", "source", "reference", "ranks_per_node", "memory_bytes", "asynchronous", "date", "note")
@@ -77,9 +78,13 @@ class ComputeRates:
 
     Attributes
     ----------
-    gemm, conv, fft, attention : float
-        Flop/s of matrix products, convolutions, FFTs (``2.5 n log2 n`` flops per complex transform of
-        ``n`` points) and attention kernels.
+    gemm : float
+        Flop/s of large matrix products.
+    gemm_half : float
+        The smallest GEMM dimension at which a product runs at half of ``gemm``: a product of ``f`` flops whose
+        smallest dimension is ``d`` takes ``f (1 + gemm_half / d) / gemm`` seconds.
+    conv, fft, attention : float
+        Flop/s of convolutions, FFTs (``2.5 n log2 n`` flops per transform of ``n`` points) and attention kernels.
     bandwidth : float
         Bytes/s (read + written) of elementwise work.
     kernel : float
@@ -87,6 +92,7 @@ class ComputeRates:
     """
 
     gemm: float
+    gemm_half: float
     conv: float
     fft: float
     attention: float
@@ -344,7 +350,9 @@ def profile_from_dict(data: Mapping[str, Any], where: str = "machine file") -> M
         missing = [k for k in COMPUTE_KEYS if k not in e]
         if missing:
             raise ValueError(f"{w}: missing {', '.join(missing)}")
-        compute[dtype] = ComputeRates(**{k: _positive(w, k, e[k], zero=k == "kernel") for k in COMPUTE_KEYS})
+        compute[dtype] = ComputeRates(
+            **{k: _positive(w, k, e[k], zero=k in ("kernel", "gemm_half")) for k in COMPUTE_KEYS}
+        )
     if not compute:
         raise ValueError(f"{where}: no [compute.<dtype>] table (e.g. [compute.float32] with {', '.join(COMPUTE_KEYS)})")
     network = _table(f"{where} [network]", data.get("network", {}))

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..nn.pipeline_parallel import SCHEDULES
+from .calibration import host_op_seconds
 from .machine import MachineProfile, load_machine
 from .model import Prediction
 from .search import candidates, evaluate, limits
@@ -136,18 +137,6 @@ def _row(i: int, p: Prediction) -> str:
     )
 
 
-def _local_kernel_seconds() -> float:
-    """Seconds per small operator in this process (the scale of the trace's host time)."""
-    x = torch.zeros(8)
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(500):
-            x = x + 1.0
-        best = min(best, (time.perf_counter() - t0) / 500)
-    return best
-
-
 def plan(
     model: Builder | Workload,
     sample: Sample | Sequence[int] | None = None,
@@ -222,7 +211,8 @@ def plan(
             f"tensor ranks and {lim.pipeline} pipeline stages (its layers); use a rank count that factors into "
             f"these (at most {lim.ranks}), or a larger batch or field"
         )
-    host_scale = prof.rates(work.sample.dtype).kernel / _local_kernel_seconds()
+    here = host_op_seconds(None, torch.device("cpu"), torch.float32, 3)
+    host_scale = prof.rates(work.sample.dtype).kernel / here
     preds = evaluate(work, cands, prof, budget, host_scale=host_scale, asynchronous=prof.asynchronous)
     ranked = sorted((p for p in preds if p.fits), key=lambda p: (p.time.total, p.memory.total))
     infeasible = sorted((p for p in preds if not p.fits), key=lambda p: p.memory.total)

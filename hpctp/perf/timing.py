@@ -102,13 +102,15 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         extra = override(info.module, site)
         if extra:
             for phase in ("fwd", "bwd"):
-                flops[phase].pop("fft", None)
+                for cat in ("fft", "gemm", "gemm_small"):
+                    flops[phase].pop(cat, None)
             for (phase, cat), v in extra.items():
                 flops[phase][cat] += v
     cost = LayerCost()
     compute = {}
     for phase in ("fwd", "bwd"):
-        t = sum(v / rates.rate(cat) for cat, v in flops[phase].items())
+        small = flops[phase].pop("gemm_small", 0.0)
+        t = sum(v / rates.rate(cat) for cat, v in flops[phase].items()) + rates.gemm_half * small / rates.gemm
         ew = info.elementwise.get(phase)
         if ew is not None:
             t += ew(sh.batch, sh.points) * share / rates.bandwidth
@@ -181,7 +183,7 @@ def predict_time(
     costs : dict
         ``fqn -> LayerCost`` per micro-batch (:func:`layer_cost`) of every module that ran.
     host_scale : float
-        Seconds of host time on the machine per second the trace's host took.
+        Seconds of host time on the machine per second of the host time the trace measured here.
     asynchronous : bool
         Kernels run asynchronously to the host (GPUs): host time overlaps them.
 
@@ -209,7 +211,9 @@ def predict_time(
                 cm[role] += t
         return f, b, cm, fl
 
-    host_total = work.host_seconds * host_scale
+    measured = work.host.get(cand.recompute and True in work.host) or work.host.get(False)
+    kernels = sum(c.kernels for c in costs.values())
+    host_total = sum(measured) * host_scale if measured else kernels * rates.kernel  # per micro-batch
     stages_params: list[int] = list(range(len(work.params)))
     busiest = 0
     if cand.pipeline == 1:
@@ -240,9 +244,11 @@ def predict_time(
         fmax = max(s[0] for s in per_stage)
         bmax = max(s[1] for s in per_stage)
         host_stage = host_total / parts
-        if not asynchronous:
-            fmax += host_stage * 0.5
-            bmax += host_stage * 0.5
+        if asynchronous:
+            fmax, bmax = max(fmax, host_stage / 2), max(bmax, host_stage / 2)
+        else:
+            fmax += host_stage / 2
+            bmax += host_stage / 2
         boundary = _boundary_bytes(work, sh)
         lat = machine.message_time("p2p", boundary, 2, machine.level(cand.dims, (0,)))
         split = cand.schedule == "zero_bubble"

@@ -57,6 +57,8 @@ Builder = Callable[[ParallelPlan], torch.nn.Module]
 """A model builder: takes the training plan, returns the model built on ``plan.model_grid`` (whose
 spatial axes split the field, and the tensor axis, if the plan has one, the weights)."""
 
+HOST_PROBE_BYTES = 256 << 20
+"""Largest model (bytes of parameters) whose host time :func:`trace` measures with a real small step on this CPU."""
 PROBE_POINTS = 32
 """Field points per dim of the smaller probe (the larger one has twice as many per dim): large enough
 that halo strips are a small share of a block, small enough to trace fast. Raised to the model's
@@ -73,8 +75,18 @@ _GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
 _CONV = {"convolution", "_convolution", "convolution_backward", "cudnn_convolution", "_slow_conv2d_forward",
          "convolution_overrideable"}  # fmt: skip
 _FFT = {"_fft_r2c", "_fft_c2r", "_fft_c2c"}
-CATEGORIES = ("gemm", "conv", "attention", "fft")
-"""Kinds of computation, each priced at its own rate (:class:`hpctp.perf.ComputeRates`)."""
+
+
+def fft_flops(numel: int, points: int) -> float:
+    """Local. The flops counted for FFTs of ``points`` points over ``numel`` input elements in all (``2.5 n log2 n`` per
+    transform of ``n`` points, the convention of FFT benchmarks; :func:`hpctp.perf.calibrate` uses the same)."""
+    return 2.5 * numel * math.log2(max(points, 2))
+
+
+CATEGORIES = ("gemm", "conv", "attention", "fft", "gemm_small")
+"""Kinds of computation, each priced at its own rate (:class:`hpctp.perf.ComputeRates`); ``gemm_small`` sums each
+GEMM's flops over its smallest dimension (what :attr:`hpctp.perf.ComputeRates.gemm_half` prices: small GEMMs run
+below the peak rate)."""
 
 
 @dataclass(frozen=True)
@@ -291,9 +303,10 @@ class Workload:
         ``{recompute: {fqn: LayerInfo}}`` (flops differ: backward recomputes the forward).
     tensor_capable : bool
         Whether the builder accepted a tensor axis and split some parameter over it.
-    host_seconds : float
-        Wall time of one meta forward + backward of one sample (the host's own work per step, measured
-        here; :func:`hpctp.perf.plan` scales it to the machine).
+    host : dict
+        ``{recompute: (forward, backward)}`` wall seconds of the host's own work per micro-batch (a real
+        step of one sample of a small field, one thread, here; :func:`hpctp.perf.plan` scales it to the
+        machine); empty for models too large to run here (their host time is then their kernel launches).
     model : torch.nn.Module
         The traced model (on ``meta``; its modules carry the hyperparameters the message models read).
     """
@@ -305,7 +318,7 @@ class Workload:
     traces: dict[bool, Trace]
     layer_variants: dict[bool, dict[str, LayerInfo]]
     tensor_capable: bool
-    host_seconds: float
+    host: dict[bool, tuple[float, float]]
     model: torch.nn.Module
     probe_field: tuple[int, ...] = ()
 
@@ -338,18 +351,20 @@ class _Owners:
 
     def current(self) -> str:
         if torch._C._current_graph_task_id() != -1:
+            if len(self.stack) > 1:  # a recompute inside backward runs the modules' forward hooks again
+                return self.stack[-1]
             node = torch._C._current_autograd_node()
             if node is not None:
                 owner = self.nodes.get(id(node))
                 if owner is not None:
                     self.last_backward = owner
                     return owner
-            if len(self.stack) > 1:  # a recompute inside backward runs module hooks again
-                return self.stack[-1]
             return self.last_backward
         return self.stack[-1]
 
     def note(self, value: Any, owner: str, overwrite: bool = True) -> None:
+        if torch._C._current_graph_task_id() != -1:  # a recompute inside backward: its nodes never run backward
+            return  # (and keeping them would keep their saved tensors alive)
         for t in _tensors(value):
             node = t.grad_fn
             if node is not None and (overwrite or id(node) not in self.nodes):
@@ -457,17 +472,24 @@ class _Probe(TorchDispatchMode):
         if packet in flop_registry:
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
             cat = "conv" if name in _CONV else ("attention" if "attention" in name else "gemm")
+            if cat == "gemm" and len(ins) >= 2:
+                a, b = ins[-2], ins[-1]
+                if a.is_complex():  # (torch counts a complex product's flops as a real one's)
+                    flops *= 4.0
+                small = min(int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]))
+                self.flops[(owner, phase, "gemm_small")] += flops / max(small, 1)
             self.flops[(owner, phase, cat)] += flops
             self.kernels[(owner, phase)] += 1
         elif "scaled_dot_product" in name and len(ins) >= 3:  # (kernels torch has no flop formula for: CPU flash)
             back = name.endswith("backward")
-            q, k = (ins[1], ins[2]) if back else (ins[0], ins[1])
-            pairs = q.numel() // max(q.shape[-1], 1) * k.shape[-2]  # batch x heads x queries x keys
+            q, keys = (ins[1], ins[2]) if back else (ins[0], ins[1])
+            pairs = q.numel() // max(q.shape[-1], 1) * keys.shape[-2]  # batch x heads x queries x keys
             self.flops[(owner, phase, "attention")] += (10.0 if back else 4.0) * pairs * q.shape[-1]
             self.kernels[(owner, phase)] += 1
-        elif name in _FFT:
-            n = max((t.numel() for t in ins), default=0)
-            self.flops[(owner, phase, "fft")] += 2.5 * n * math.log2(max(n, 2))
+        elif name in _FFT and ins:
+            x, dims = ins[0], args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else range(ins[0].ndim)
+            points = math.prod(int(x.shape[d]) for d in dims)
+            self.flops[(owner, phase, "fft")] += fft_flops(x.numel(), points)
             self.kernels[(owner, phase)] += 1
         elif name not in _VIEW_OPS and (fresh or name.endswith("_")):
             self.kernels[(owner, phase)] += 1
@@ -790,7 +812,6 @@ def _trace(
             params.append(ParamInfo(full, tuple(p.shape), p.element_size(), tdim, sdims, partial, unit_of.get(fqn, 0)))
     if not tensor_layers:
         tensor_capable = False
-    host = _host_seconds(builder, plan, sample)
     _fake(model)
     f0, f1 = _probe_fields(sample, lambda f: _shapes(model, plan, sample, 1, f))
     fields = (f0, f1)
@@ -806,22 +827,23 @@ def _trace(
         if recompute is True:
             for m in default_layers(again):
                 checkpoint_forward(m)
-        else:
-            recompute(again)  # type: ignore[operator]
+        elif callable(recompute):
+            recompute(again)
         cruns = [_run_probe(again, plan, sample, b, f, tensor_layers) for b, f in probes]
         traces[True] = _fit_trace(cruns, bs, ps)
         variants[True] = _layers(again, cruns, bs, fields, ps, tensor_layers, unit_of)
+    host = _host_seconds(builder, plan, sample, f0, recompute)
     order = {fqn: i for i, fqn in enumerate(runs[0].order)}
     layers = variants[False]
-    units = []
+    infos = []
     for i, fqn in enumerate(unit_fqns):
         inside = [n for n in layers if unit_of.get(n, 0) == i]
-        units.append(UnitInfo(fqn, [], inside, -1 if i == 0 else order.get(fqn, len(order) + i)))
-    ranked = [units[0]] + sorted(units[1:], key=lambda u: u.order)
-    index = {u.fqn: k for k, u in enumerate(ranked)}
-    params = [p._replace(unit=index[unit_fqns[p.unit]]) for p in params]
-    for k, u in enumerate(ranked):
-        u.params = [j for j, p in enumerate(params) if p.unit == k]
+        infos.append(UnitInfo(fqn, [], inside, -1 if i == 0 else order.get(fqn, len(order) + i)))
+    ranked = [infos[0]] + sorted(infos[1:], key=lambda info: info.order)
+    index = {info.fqn: k for k, info in enumerate(ranked)}
+    params = [pi._replace(unit=index[unit_fqns[pi.unit]]) for pi in params]
+    for k, info in enumerate(ranked):
+        info.params = [j for j, pi in enumerate(params) if pi.unit == k]
     for v in variants.values():
         for info in v.values():
             info.unit = index[unit_fqns[info.unit]]
@@ -909,18 +931,46 @@ def _coarse(r: _Run) -> _Run:
                 r.shapes, r.calls, r.order)  # fmt: skip
 
 
-def _host_seconds(builder: Builder, plan: ParallelPlan, sample: Sample) -> float:
-    """Wall time of one forward + backward of one sample on the meta device (no probe, a model of its own): the
-    host's own work per step (operators run but compute nothing)."""
-    model = _build(builder, plan)
-    m = sample.spatial_multiple
-    f0 = tuple(max(1, -(-PROBE_POINTS // m)) * m for _ in sample.field)
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        try:
-            _step(model, plan, sample, 1, f0, None, None, None)
-        except (ValueError, RuntimeError):  # (a model that needs a larger field: the trace finds its size)
-            return 0.0
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _host_seconds(
+    builder: Builder, plan: ParallelPlan, sample: Sample, f0: tuple[int, ...],
+    recompute: Callable[[torch.nn.Module], Any] | None | bool,
+) -> dict[bool, tuple[float, float]]:  # fmt: skip
+    """Wall seconds of one real forward and one backward of one sample of the probe field on this CPU, one thread,
+    with and without recomputation: the host's own work per step (Python, operator dispatch), the computation of
+    so small a field being negligible. Empty when the model's parameters exceed :data:`HOST_PROBE_BYTES`."""
+    out: dict[bool, tuple[float, float]] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for rc in (False, True) if recompute else (False,):
+            model = _build(builder, plan)
+            if sum(p.numel() * p.element_size() for p in model.parameters()) > HOST_PROBE_BYTES:
+                return {}
+            model.to_empty(device="cpu")
+            with torch.no_grad():
+                for t in (*model.parameters(), *model.buffers()):
+                    t.zero_()
+            if rc and recompute is True:
+                for m in default_layers(model):
+                    checkpoint_forward(m)
+            elif rc and callable(recompute):
+                recompute(model)
+            grid = plan.model_grid
+            shape = (1, sample.shape[1], *f0)
+            layout = Layout(shape, grid.dims, (None, None, *plan.spatial))
+            best_f = best_b = math.inf
+            for _ in range(4):
+                x = DistTensor(torch.zeros(shape, dtype=sample.torch_dtype), grid, layout)
+                t0 = time.perf_counter()
+                out_ = model(x)
+                pred = out_.local if isinstance(out_, DistTensor) else out_
+                loss = (pred**2).sum()
+                t1 = time.perf_counter()
+                loss.backward()
+                t2 = time.perf_counter()
+                best_f, best_b = min(best_f, t1 - t0), min(best_b, t2 - t1)
+                model.zero_grad(set_to_none=True)
+            out[rc] = (best_f, best_b)
+    finally:
+        torch.set_num_threads(threads)
+    return out
