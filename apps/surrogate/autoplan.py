@@ -16,13 +16,14 @@ trainer has no pipeline.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Any
 
 import torch
 
 import hpctp
-from hpctp.layout import Layout, redistribution_plan
+from hpctp.layout import Layout, block_cuts, redistribution_plan
 from hpctp.layout.ring import ring_plan
 from hpctp.nn import context_parallel, patch_aligned_layout
 from hpctp.perf import Message, Sample, Site, register_layer
@@ -38,6 +39,9 @@ CHANNELS = {"grayscott": 2, "navier_stokes": 1}
 """Fields of the state per simulation (``simulation.pde``)."""
 PLAN_KEYS = ("manual", "auto")
 """Values of ``train.plan``."""
+RING_EXACT = 64
+"""Rings of up to this many ranks are priced from their plan (:func:`hpctp.layout.ring.ring_plan`, exact); longer
+ones from the blocks' sizes alone (the plan's cost grows with the ring)."""
 
 
 def sample_of(cfg: dict[str, Any]) -> Sample:
@@ -83,25 +87,32 @@ def attention_messages(module: _GlobalAttention, site: Site) -> list[Message]:
     tensor = site.tensor if site.tensor is not None and site.dims[site.tensor] > 1 else None
     cuts = None
     if tensor is not None:
-        from hpctp.layout import block_cuts
-
         cuts = block_cuts(heads, site.dims[tensor])
     lay = Layout((n, heads, rows, cols, d), site.dims, (None, tensor, *site.spatial, None),
                  (None, cuts, None, None, None))  # fmt: skip
-    plan = ring_plan(lay, lay, site.rank)
-    if len(plan.steps) < 2:
+    ring = math.prod(site.dims[a] for a in site.spatial)
+    if ring <= RING_EXACT:
+        steps = [s.tokens for s in ring_plan(lay, lay, site.rank).steps]  # this rank's own block first
+    else:  # a long ring: every block once, this rank's first, its successor's (the smallest, say) last
+        heights = [b - a for a, b in itertools.pairwise(lay.dim_cuts[2])]
+        widths = [b - a for a, b in itertools.pairwise(lay.dim_cuts[3])]
+        mine = lay.local_shape(site.coords)[2] * lay.local_shape(site.coords)[3]
+        others = sorted((h * w for h in heights for w in widths), reverse=True)
+        others.remove(mine)
+        steps = [mine, *others]
+    if len(steps) < 2:
         return out
     bh = math.prod(lay.local_shape(site.coords)[:2])
     per_token = bh * 2 * d * site.itemsize
-    fwd = [s.tokens for s in plan.steps[:-1]]  # every block but the successor's travels on
+    fwd = steps[:-1]  # every block but the successor's travels on
     fp = [_pieces(t, context_parallel.RING_PIECES) for t in fwd]
     bp = [_pieces(t, context_parallel.RING_PIECES_BACKWARD) for t in fwd]
-    gp = [_pieces(s.tokens, context_parallel.RING_PIECES_BACKWARD) for s in plan.steps]
-    recv = [s.tokens for s in plan.steps[1:]]
+    gp = [_pieces(t, context_parallel.RING_PIECES_BACKWARD) for t in steps]
+    recv = steps[1:]
     axes = site.spatial_axes()
     big = max(fwd) * per_token
     out.append(Message("fwd", "Isend", "p2p", axes, big, sum(fwd) * per_token, sum(recv) * per_token, sum(fp), True))
-    grads = sum(s.tokens for s in plan.steps) * per_token
+    grads = sum(steps) * per_token
     out.append(Message("bwd", "Isend", "p2p", axes, big, sum(fwd) * per_token + grads,
                        sum(recv) * per_token + grads, sum(bp) + sum(gp), True))  # fmt: skip
     return out

@@ -45,7 +45,20 @@ from ..nn import (
     SpectralConv3d,
 )
 
-__all__ = ["Message", "Site", "MessageModel", "register_layer", "layer_messages", "loss_messages", "halo_messages"]
+__all__ = [
+    "Message",
+    "Site",
+    "MessageModel",
+    "FLOPS_OVERRIDES",
+    "register_layer",
+    "layer_messages",
+    "loss_messages",
+    "halo_messages",
+    "tensor_messages",
+    "window_messages",
+    "spectral_messages",
+    "spectral_flops",
+]
 
 _BOUNDARY = {"zeros": "zero", "circular": "periodic", "reflect": "reflect", "replicate": "replicate"}
 

@@ -47,6 +47,7 @@ __all__ = [
     "MachineProfile",
     "collective_time",
     "load_machine",
+    "profile_from_dict",
     "published_machines",
 ]
 

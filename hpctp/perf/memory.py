@@ -6,14 +6,14 @@ stages 0-2 close a bucket at ``bucket_mib`` walking the parameters in reverse, s
 per unit and kind. Per rank (``P``: its parameters' bytes, tensor-parallel blocks included; ``S``: its
 slices, about ``P / D``):
 
-=====  ==========  ================================  =========  =====================================
-stage  parameters  gradients (backward / at step)    Adam       extra
-=====  ==========  ================================  =========  =====================================
-0      ``P``       flat bucket buffers ``P`` / ``P``  ``2 P``    step temporary ``P``
-1      ``P + S``   flat bucket buffers ``P`` / ``S``  ``2 S``    step temporary ``S``
-2      ``P + S``   a bucket in flight + ``S`` / ``S``  ``2 S``    step temporary ``S``
-3      ``S``       a unit in flight + ``S`` / ``S``   ``2 S``    two gathered units in forward/backward
-=====  ==========  ================================  =========  =====================================
+=====  ==========  ====================================  =======  ======================================
+stage  parameters  gradients (backward / at the step)    Adam     extra
+=====  ==========  ====================================  =======  ======================================
+0      ``P``       flat bucket buffers ``P`` / ``P``     ``2 P``  step temporary ``P``
+1      ``P + S``   flat bucket buffers ``P`` / ``S``     ``2 S``  step temporary ``S``
+2      ``P + S``   a bucket in flight + ``S`` / ``S``    ``2 S``  step temporary ``S``
+3      ``S``       a unit in flight + ``S`` / ``S``      ``2 S``  two gathered units in forward/backward
+=====  ==========  ====================================  =======  ======================================
 
 Activations are the trace's timeline (:class:`hpctp.perf.workload.Trace`) at the rank's block; the peak is
 the largest moment of forward and backward, with the gradients that exist then, or the optimizer step.
@@ -31,7 +31,7 @@ from ..nn import ShardedDataParallel
 from .model import Candidate, MemoryBreakdown
 from .workload import ParamInfo, Sample, Trace, Workload
 
-__all__ = ["BUCKET_BYTES", "Shares", "Bucket", "shares", "local_numel", "buckets", "predict_memory"]
+__all__ = ["ADAM_MOMENTS", "BUCKET_BYTES", "Shares", "Bucket", "shares", "local_numel", "buckets", "predict_memory"]
 
 BUCKET_BYTES = int(inspect.signature(ShardedDataParallel).parameters["bucket_mib"].default * 2**20)
 """Where :class:`hpctp.nn.ShardedDataParallel` closes a bucket at stages 0-2 (its default ``bucket_mib``)."""
@@ -123,6 +123,13 @@ class Bucket:
 def buckets(work: Workload, cand: Candidate, params: list[int] | None = None) -> list[Bucket]:
     """Local. The buckets :class:`hpctp.nn.ShardedDataParallel` makes of ``params`` (indices; default all), in the
     order their gradients are sent."""
+    key = ("buckets", cand.tensor, cand.zero == 3, None if params is None else tuple(params))
+    if key not in work.cache:
+        work.cache[key] = _buckets(work, cand, params)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _buckets(work: Workload, cand: Candidate, params: list[int] | None) -> list[Bucket]:
     idx = list(range(len(work.params))) if params is None else list(params)
     numels = {i: local_numel(work.params[i], cand, work.sample) for i in idx}
     out: list[Bucket] = []
@@ -156,6 +163,22 @@ def buckets(work: Workload, cand: Candidate, params: list[int] | None = None) ->
     return out
 
 
+def _state(work: Workload, cand: Candidate, params: list[int] | None) -> tuple[int, int, int, int, int]:
+    """Bytes of the rank's parameters (whole), of its slices, of the largest bucket, of the two largest units."""
+    key = ("state", cand.tensor, cand.zero == 3, cand.data, None if params is None else tuple(params))
+    if key not in work.cache:
+        bks = buckets(work, cand, params)
+        unit_bytes: dict[int, int] = {}
+        for b in bks:
+            unit_bytes[b.unit] = unit_bytes.get(b.unit, 0) + b.numel * b.itemsize
+        units = sorted(unit_bytes.values(), reverse=True) + [0, 0]
+        work.cache[key] = (
+            sum(b.numel * b.itemsize for b in bks), sum(b.slice(cand.data) * b.itemsize for b in bks),
+            max((b.numel * b.itemsize for b in bks), default=0), units[0], units[1],
+        )  # fmt: skip
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
 def _activations(trace: Trace, sh: Shares) -> np.ndarray:
     f = sh.features
     return np.maximum(trace.rep @ f + sh.tensor * (trace.split @ f), 0.0)
@@ -186,48 +209,34 @@ def predict_memory(
     MemoryBreakdown
     """
     trace = work.traces[cand.recompute and True in work.traces]
-    bks = buckets(work, cand, stage_params)
     d = cand.data
-    item_p = {b.itemsize for b in bks}
-    whole = sum(b.numel * b.itemsize for b in bks)  # P
-    slices = sum(b.slice(d) * b.itemsize for b in bks)  # S
-    biggest = max((b.numel * b.itemsize for b in bks), default=0)
-    unit_bytes: dict[int, int] = {}
-    for b in bks:
-        unit_bytes[b.unit] = unit_bytes.get(b.unit, 0) + b.numel * b.itemsize
-    units = sorted(unit_bytes.values(), reverse=True) + [0, 0]
+    whole, slices, biggest, u0, u1 = _state(work, cand, stage_params)
     z = cand.zero
     params = whole if z == 0 else (whole + slices if z < 3 else slices)
     opt_elems_bytes = whole if z == 0 else slices
     optimizer = ADAM_MOMENTS * opt_elems_bytes
     temp = opt_elems_bytes
     data = 2 * sh.samples * work.sample.shape[1] * sh.points * work.sample.itemsize
-    del item_p
     acts = _activations(trace, sh)
     end = float(acts[trace.end_forward]) if acts.size else 0.0
     if cand.pipeline > 1 and acts.size:
-        kept = end * stage_share
-        acts = acts - end + kept * in_flight  # the stage's kept activations of each micro-batch in flight
-    best = (-1.0, "forward", 0.0, 0.0, 0.0)
-    for j in range(acts.size):
-        g = float(trace.grads[j])
-        bwd = bool(trace.backward[j])
-        if not bwd:
-            grads = 0.0
-        elif z <= 1:
-            grads = min(whole, g * whole + biggest) + (g * slices if z == 1 else 0.0)
-        elif z == 2:
-            grads = min(g * whole, 2 * biggest) + g * slices
-        else:
-            grads = min(g * whole, 2 * units[0]) + g * slices
-        buffers = (units[0] + units[1]) if z == 3 else 0.0
-        total = params + optimizer + float(acts[j]) + grads + buffers + data
-        if total > best[0]:
-            best = (total, "backward" if bwd else "forward", float(acts[j]), grads, buffers)
+        acts = acts - end + end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
+    g, bwd = trace.grads, trace.backward > 0
+    if z <= 1:
+        grads = np.minimum(whole, g * whole + biggest) + (g * slices if z == 1 else 0.0)
+    elif z == 2:
+        grads = np.minimum(g * whole, 2 * biggest) + g * slices
+    else:
+        grads = np.minimum(g * whole, 2 * u0) + g * slices
+    grads = np.where(bwd, grads, 0.0)
+    buffers = float(u0 + u1) if z == 3 else 0.0
+    totals = params + optimizer + acts + grads + buffers + data
+    j = int(np.argmax(totals)) if totals.size else -1
     grads_step = whole if z == 0 else slices
     step_total = params + optimizer + temp + grads_step + data
-    if step_total >= best[0]:
+    if j < 0 or step_total >= totals[j]:
         return MemoryBreakdown(int(params), int(grads_step), int(optimizer + temp), 0, 0, int(data), "optimizer step",
                                stage)  # fmt: skip
-    _, phase, act, grads, buffers = best
-    return MemoryBreakdown(int(params), int(grads), int(optimizer), int(act), int(buffers), int(data), phase, stage)
+    phase = "backward" if bwd[j] else "forward"
+    act, grads_j = float(acts[j]), float(grads[j])
+    return MemoryBreakdown(int(params), int(grads_j), int(optimizer), int(act), int(buffers), int(data), phase, stage)

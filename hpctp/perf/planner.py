@@ -51,7 +51,7 @@ def parse_bytes(value: int | float | str) -> int:
         raise ValueError(f"memory must be bytes or a size such as '80GiB', got {value!r}")
     if isinstance(value, (int, float)):
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"memory must be a positive size, got {value!r}")
+            raise ValueError(f"memory must be a positive size (bytes, or e.g. 80GiB), got {value!r}")
         return int(value)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
     unit = m.group(2).lower() if m else ""
@@ -199,7 +199,8 @@ def plan(
             raise ValueError("plan needs the sample (batch, channels, *field) of one step for a model builder")
         smp = sample if isinstance(sample, Sample) else Sample(tuple(sample))
         prof.rates(smp.dtype)  # (an error now, before tracing, if the machine lacks this dtype)
-        work = trace(model, smp, recompute=recompute if recompute else None, units=units)
+        device = "meta" if prof.asynchronous else "cpu"  # (a GPU's code paths are the non-CPU ones)
+        work = trace(model, smp, recompute=recompute if recompute else None, units=units, device=device)
     prof.rates(work.sample.dtype)
     cands = candidates(work, ranks, schedules=schedules, zero=zero, recompute=(False, True) if recompute else (False,),
                        pipeline=pipeline)  # fmt: skip

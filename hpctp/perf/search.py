@@ -15,9 +15,11 @@ blocks) are priced once, so thousands of candidates take seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
 from .timing import LayerCost, layer_cost, predict_time, stage_cuts
 from .workload import LayerInfo, Workload
 
-__all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of"]
+__all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ def candidates(work: Workload, ranks: int, *, schedules: Sequence[str] = SCHEDUL
             continue
         samples = -(-work.sample.batch // d)
         stages = list(zero) if d > 1 else [0]
+        if p > 1:  # (a pipeline accumulates micro-batches' gradients: sharding them (ZeRO 2-3) is left out)
+            stages = [z for z in stages if z <= 1]
         pipes: list[tuple[str, int, int]] = [("", 1, 1)]
         if p > 1:
             pipes = []
@@ -138,9 +142,31 @@ def _signature(info: LayerInfo) -> tuple[object, ...]:
             tuple(sorted((k, v.c) for k, v in info.elementwise.items())))  # fmt: skip
 
 
-def _in_flight(cand: Candidate) -> list[int]:
+@lru_cache(maxsize=1024)
+def _in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     """Micro-batches each pipeline rank holds at once (in units of one stage's activations)."""
-    return list(pipeline_schedule(cand.schedule, cand.pipeline, cand.microbatches, cand.chunks).simulate().peaks)
+    return tuple(pipeline_schedule(schedule, p, m, v).simulate().peaks)
+
+
+def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """Per pipeline rank: its parameters, and the activations its stages keep at the end of forward (coefficients of
+    ``(1, b, p, b p)``, replicated and tensor-split), a rank's share of the model's own (root) ones included."""
+    parts = cand.pipeline * cand.chunks
+    key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
+    if key not in work.cache:
+        trace = work.traces[cand.recompute and True in work.traces]
+        cuts = stage_cuts(work, parts)
+        root = work.units[0]
+        zero = np.zeros(8)
+        root_kept = sum((trace.retained.get(f, zero) for f in root.layers), zero) / cand.pipeline
+        out = []
+        for r in range(cand.pipeline):
+            units = [u for s in range(r, parts, cand.pipeline) for u in work.units[1 + cuts[s] : 1 + cuts[s + 1]]]
+            params = sorted({i for u in units for i in u.params} | set(root.params))
+            kept = sum((trace.retained.get(f, zero) for u in units for f in u.layers), zero) + root_kept
+            out.append((params, kept[:4], kept[4:]))
+        work.cache[key] = out
+    return work.cache[key]  # type: ignore[no-any-return]
 
 
 def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
@@ -148,21 +174,18 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     sh = shares(work.sample, cand)
     if cand.pipeline == 1:
         return predict_memory(work, cand, sh)
-    trace = work.traces[cand.recompute and True in work.traces]
-    retained = {k: float(v[:4] @ sh.features + sh.tensor * (v[4:] @ sh.features)) for k, v in trace.retained.items()}
-    total = sum(retained.values()) or 1.0
-    parts = cand.pipeline * cand.chunks
-    cuts = stage_cuts(work, parts)
-    peaks = _in_flight(cand)
-    root = work.units[0]
+    f = sh.features
+    key = ("retained", cand.recompute)
+    if key not in work.cache:
+        trace = work.traces[cand.recompute and True in work.traces]
+        work.cache[key] = sum(trace.retained.values(), np.zeros(8))
+    whole = work.cache[key]
+    total = float(whole[:4] @ f + sh.tensor * (whole[4:] @ f)) or 1.0
+    peaks = _in_flight(cand.schedule, cand.pipeline, cand.microbatches, cand.chunks)
     best: MemoryBreakdown | None = None
-    for r in range(cand.pipeline):
-        mine = range(r, parts, cand.pipeline)
-        units = [u for s in mine for u in work.units[1 + cuts[s] : 1 + cuts[s + 1]]]
-        params = sorted({i for u in units for i in u.params} | set(root.params))
-        share = sum(retained.get(f, 0.0) for u in units for f in u.layers) / total
-        share += sum(retained.get(f, 0.0) for f in root.layers) / total / cand.pipeline
-        m = predict_memory(work, cand, sh, params, peaks[r] / len(mine), share, r)
+    for r, (params, rep, split) in enumerate(_stage_parts(work, cand)):
+        share = float(rep @ f + sh.tensor * (split @ f)) / total
+        m = predict_memory(work, cand, sh, params, peaks[r] / cand.chunks, share, r)
         if best is None or m.total > best.total:
             best = m
     assert best is not None  # (pipeline >= 2: the loop ran)
@@ -178,11 +201,17 @@ def evaluate(
     groups: dict[tuple[object, ...], list[Candidate]] = {}
     for c in cands:
         groups.setdefault((c.data, c.spatial, c.tensor, c.pipeline, c.microbatches, c.recompute), []).append(c)
-    sigs = {fqn: _signature(info) for fqn, info in work.layers.items()}
+    sigs = {rc: {fqn: _signature(info) for fqn, info in layers.items()} for rc, layers in work.layer_variants.items()}
     out: list[Prediction] = []
-    for members in groups.values():
+    plain_fits: set[Candidate] = set()
+    for members in sorted(groups.values(), key=lambda ms: ms[0].recompute):  # (without recomputation first)
+        if members[0].recompute:  # recomputing is slower: only where the same plan without it does not fit
+            members = [c for c in members if dataclasses.replace(c, recompute=False) not in plain_fits]
+            if not members:
+                continue
         mems = {c: memory_of(work, c) for c in members}
         fitting = [c for c in members if mems[c].total <= budget]
+        plain_fits.update(c for c in fitting if not c.recompute)
         for c in members:
             if mems[c].total > budget:
                 out.append(Prediction(c, mems[c], TimeBreakdown(0.0), False, _reason(mems[c], budget)))
@@ -190,11 +219,12 @@ def evaluate(
             continue
         first = fitting[0]
         sh = shares(work.sample, first)
-        layers = work.layer_variants[first.recompute and True in work.layer_variants]
+        variant = first.recompute and True in work.layer_variants
+        layers = work.layer_variants[variant]
         costs: dict[str, LayerCost] = {}
         priced: dict[tuple[object, ...], LayerCost] = {}
         for fqn, info in layers.items():
-            sig = sigs.get(fqn, _signature(info))
+            sig = sigs[variant][fqn]
             if sig not in priced:
                 priced[sig] = layer_cost(info, work, first, sh, machine)
             costs[fqn] = priced[sig]

@@ -27,7 +27,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 
 from ..layout import FlatPacking, block_range, grid_coords
 from ..nn.pipeline_parallel import balanced_cuts, pipeline_schedule
@@ -37,7 +36,16 @@ from .memory import Shares, buckets, shares
 from .model import Candidate, TimeBreakdown
 from .workload import OUTSIDE, LayerInfo, Workload
 
-__all__ = ["LayerCost", "data_messages", "layer_cost", "message_time", "predict_time", "stage_cuts", "step_messages"]
+__all__ = [
+    "OPTIMIZER_KERNELS",
+    "LayerCost",
+    "data_messages",
+    "layer_cost",
+    "message_time",
+    "predict_time",
+    "stage_cuts",
+    "step_messages",
+]
 
 OPTIMIZER_KERNELS = 10
 """Kernels the optimizer launches per parameter tensor it steps (Adam's foreach updates on the host)."""
@@ -138,34 +146,37 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
     return cost
 
 
-@lru_cache(maxsize=256)
-def _cuts(costs: tuple[float, ...], parts: int) -> tuple[int, ...]:
-    return balanced_cuts(costs, parts)
-
-
 def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:
     """Local. Cut points of the model's units (but the first, the model's own, in forward order) into ``parts``
     pipeline stages of balanced flops (one sample on the trace's field), by :func:`hpctp.nn.pipeline_parallel.balanced_cuts`."""
-    costs = []
-    for u in work.units[1:]:
-        c = 0.0
-        for fqn in u.layers:
-            info = work.layers.get(fqn)
-            if info is not None:
-                pts = float(math.prod(work.probe_field))
-                c += sum(fit(1, pts, pts) for fit in info.flops.values())
-        costs.append(c + 1e-9)
-    return _cuts(tuple(costs), parts)
+    key = ("cuts", parts)
+    if key not in work.cache:
+        costs = []
+        pts = float(math.prod(work.probe_field))
+        for u in work.units[1:]:
+            c = 0.0
+            for fqn in u.layers:
+                info = work.layers.get(fqn)
+                if info is not None:
+                    c += sum(fit(1, pts, pts) for cat, fit in info.flops.items() if cat[1] != "gemm_small")
+            costs.append(c + 1e-9)
+        work.cache[key] = balanced_cuts(costs, parts)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _simulate(name: str, p: int, m: int, v: int, f: float, b: float, w: float, latency: float) -> tuple[float, float]:
+    """Step time and the busiest rank's computation of a schedule with uniform stage costs (simulated in units of
+    ``f``, with the other costs rounded to a tenth of it: schedules that differ by less share one simulation)."""
+    if f <= 0:
+        return 0.0, 0.0
+    step, busy = _simulate_units(name, p, m, v, round(b / f, 1), round(w / f, 1), round(latency / f, 1))
+    return step * f, busy * f
 
 
 @lru_cache(maxsize=4096)
-def _simulate(name: str, p: int, m: int, v: int, f: float, b: float, w: float, latency: float) -> tuple[float, float]:
-    """Step time and the busiest rank's computation of a schedule with uniform stage costs."""
-    sched = pipeline_schedule(name, p, m, v)
-    costs: dict[str, Any] = {"F": f, "B": b, "W": w}
-    timeline = sched.simulate(costs, latency)
-    busy = max(timeline.busy(r) for r in range(p))
-    return timeline.step, busy
+def _simulate_units(name: str, p: int, m: int, v: int, b: float, w: float, latency: float) -> tuple[float, float]:
+    timeline = pipeline_schedule(name, p, m, v).simulate({"F": 1.0, "B": b, "W": w}, latency)
+    return timeline.step, max(timeline.busy(r) for r in range(p))
 
 
 def predict_time(
@@ -283,6 +294,13 @@ def _loss(cand: Candidate, work: Workload) -> list[Message]:
 
 def _boundary_bytes(work: Workload, sh: Shares) -> float:
     """Bytes of the activation crossing a pipeline cut per micro-batch: the largest output of a unit."""
+    key = ("boundary", sh.batch, sh.points)
+    if key not in work.cache:
+        work.cache[key] = _boundary(work, sh)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _boundary(work: Workload, sh: Shares) -> float:
     best = 0.0
     for u in work.units[1:]:
         info = work.layers.get(u.fqn)
@@ -341,25 +359,35 @@ def _data_parallel(
     work: Workload, cand: Candidate, machine: MachineProfile, params: list[int], bwd_time: float, bandwidth: float,
     kernel: float,
 ) -> tuple[float, float]:  # fmt: skip
-    """Exposed seconds of the gradient and parameter messages, and of the optimizer step."""
+    """Exposed seconds of the gradient and parameter messages (those of :func:`data_messages`), and of the optimizer
+    step."""
+    bks = buckets(work, cand, params)
+    dims, d = cand.dims, cand.data
+    spatial = tuple(a for a in cand.axes["spatial"] if dims[a] > 1)
+    data_level = machine.level(dims, (1,))
     grads: list[float] = []
     gathers: list[float] = []
     after = 0.0
-    for msg in data_messages(work, cand, params):
-        t = message_time(msg, cand, machine, msg.axes)
-        if msg.phase == "bwd" and msg.op != "Iallgatherv":
-            grads.append(t)
-        elif msg.op == "Iallgatherv" and msg.phase in ("fwd", "bwd"):
-            gathers.append(t)
+    for b in bks:
+        n = b.numel * b.itemsize
+        axes = (1,) + (spatial if b.spatial else ())
+        q = math.prod(dims[a] for a in axes)
+        if cand.zero <= 1:
+            grads.append(machine.message_time("allreduce", n, q, machine.level(dims, axes)))
         else:
-            after += t
+            grads.append(sum(machine.message_time("reduce_scatter", s * b.itemsize, d, data_level) for s in b.sizes))
+            if b.spatial and spatial:
+                q = math.prod(dims[a] for a in spatial)
+                after += machine.message_time("allreduce", b.slice(d) * b.itemsize, q, machine.level(dims, spatial))
+        if cand.zero in (1, 2):
+            after += machine.message_time("allgather", n, d, data_level)
+        elif cand.zero == 3:
+            gathers += [machine.message_time("allgather", n, d, data_level)] * 2
     exposed = 0.0
     if grads:  # they overlap backward; the last bucket's cannot
         exposed = max(grads[-1], sum(grads) - bwd_time)
     if gathers:  # stage 3: each unit's gather prefetched behind the unit before it
         exposed += max(max(gathers), sum(gathers) - 2 * bwd_time)
-    bks = buckets(work, cand, params)
-    d = cand.data
     # the optimizer: reads parameter, gradient, two moments; writes parameter, two moments
     elems = sum(b.numel if cand.zero == 0 else b.slice(d) for b in bks)
     item = max((b.itemsize for b in bks), default=4)

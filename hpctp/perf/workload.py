@@ -51,7 +51,25 @@ from ..layout import Layout
 from ..nn import ParallelPlan, checkpoint_forward
 from ..tensor.core import DistTensor
 
-__all__ = ["Sample", "Bilinear", "ParamInfo", "LayerInfo", "UnitInfo", "Trace", "Workload", "trace", "Builder"]
+__all__ = [
+    "CATEGORIES",
+    "GRADS",
+    "HOST_PROBE_BYTES",
+    "OUTSIDE",
+    "PROBE_POINTS",
+    "Builder",
+    "Bilinear",
+    "Geometry",
+    "LayerInfo",
+    "ParamInfo",
+    "Sample",
+    "Trace",
+    "UnitInfo",
+    "Workload",
+    "default_layers",
+    "fft_flops",
+    "trace",
+]
 
 Builder = Callable[[ParallelPlan], torch.nn.Module]
 """A model builder: takes the training plan, returns the model built on ``plan.model_grid`` (whose
@@ -321,6 +339,8 @@ class Workload:
     host: dict[bool, tuple[float, float]]
     model: torch.nn.Module
     probe_field: tuple[int, ...] = ()
+    device: str = "cpu"
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # (the planner's memo)
 
     @property
     def param_bytes(self) -> int:
@@ -448,10 +468,10 @@ class _Probe(TorchDispatchMode):
         name = func._overloadpacket.__name__ if hasattr(func, "_overloadpacket") else str(func)
         outs = _tensors(out)
         ins = [a for a in _flat_args(args, kwargs) if isinstance(a, torch.Tensor)]
-        in_storages = {t.untyped_storage()._cdata for t in ins if isinstance(t, FakeTensor)}
+        in_storages = {t.untyped_storage()._cdata for t in ins if _shapes_only(t)}
         fresh = False
         for t in outs:
-            if not isinstance(t, FakeTensor):
+            if not _shapes_only(t):
                 continue
             s = t.untyped_storage()
             key = s._cdata
@@ -498,6 +518,11 @@ class _Probe(TorchDispatchMode):
             return out
         self.owners.note(outs, owner, overwrite=False)
         return out
+
+
+def _shapes_only(t: torch.Tensor) -> bool:
+    """A tensor of the probe: fake or on meta (real tensors, e.g. a layer's cached constants, are not counted)."""
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
 
 
 def _flat_args(args: Any, kwargs: Any) -> list[Any]:
@@ -572,7 +597,7 @@ def _fake(model: torch.nn.Module) -> FakeTensorMode:
 
 def _step(model: torch.nn.Module, plan: ParallelPlan, sample: Sample, batch: int, fieldsizes: tuple[int, ...],
           hooks: tuple[Callable[..., Any], Callable[..., Any]] | None, mode: Any, mark: Callable[[], None] | None,
-          backward: bool = True) -> None:  # fmt: skip
+          backward: bool = True, target_shape: tuple[int, ...] | None = None) -> None:  # fmt: skip
     """One forward (+ loss + backward) of ``batch`` samples of ``fieldsizes`` in the model's fake mode (meta without
     one), with module hooks and a mode."""
     grid = plan.model_grid
@@ -586,7 +611,8 @@ def _step(model: torch.nn.Module, plan: ParallelPlan, sample: Sample, batch: int
     try:
         with fake if fake is not None else torch.device("meta"):
             x = DistTensor(torch.empty(shape, dtype=sample.torch_dtype), grid, layout)
-            target = None
+            # the loss's target is the batch's, as the input (not counted: the planner counts the batch apart)
+            target = torch.empty(target_shape, dtype=sample.torch_dtype) if target_shape is not None else None
             with mode if mode is not None else contextlib.nullcontext():
                 out = model(x)
                 pred = out.local if isinstance(out, DistTensor) else out
@@ -641,8 +667,7 @@ def _run_probe(
     tensor_layers: set[str],
 ) -> _Run:  # fmt: skip
     names = _names(model)
-    _step(model, plan, sample, batch, fieldsizes, None, None, None)  # warm: caches filled as in a steady step
-    shapes, calls, order = _shapes(model, plan, sample, batch, fieldsizes)
+    shapes, calls, order = _shapes(model, plan, sample, batch, fieldsizes)  # (also fills the layers' caches)
 
     def split_of(owner: str, shape: tuple[int, ...]) -> bool:
         if owner not in tensor_layers:
@@ -668,8 +693,10 @@ def _run_probe(
         owners.note(output, name)
 
     hooks = [p.register_post_accumulate_grad_hook(lambda q: probe.regrade(q.grad)) for p in params if p.requires_grad]
+    root = names[id(model)]
     try:
-        _step(model, plan, sample, batch, fieldsizes, (pre, post), probe, probe.mark_end_forward)
+        _step(model, plan, sample, batch, fieldsizes, (pre, post), probe, probe.mark_end_forward,
+              target_shape=shapes.get(root, (None, None))[1])  # fmt: skip
     finally:
         for h in hooks:
             h.remove()
@@ -707,6 +734,7 @@ def trace(
     *,
     recompute: Callable[[torch.nn.Module], Any] | None | bool = True,
     units: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None,
+    device: str = "cpu",
 ) -> Workload:
     """Local. Trace one training step of the model that ``builder`` makes (see the module docstring).
 
@@ -724,6 +752,9 @@ def trace(
         on each module of :func:`default_layers`; ``False``/``None``: recomputation is not planned.
     units : callable, optional
         ``units(model)``: the modules sharded as units at ZeRO stage 3 (default :func:`default_layers`).
+    device : {"cpu", "meta"}
+        Whose code paths the layers take: ``"cpu"`` traces fake CPU tensors (e.g. the CPU flash kernels of
+        attention), ``"meta"`` meta tensors, which take the paths of other devices (GPUs) and trace faster.
 
     Returns
     -------
@@ -734,6 +765,8 @@ def trace(
     ValueError
         If the model does not run on the probe samples (the message names the builder's error).
     """
+    if device not in ("cpu", "meta"):
+        raise ValueError(f"trace: device must be 'cpu' or 'meta', got {device!r}")
     nsp = len(sample.field)
     plan = _probe_plan(nsp, True)
     tensor_capable = True
@@ -745,7 +778,7 @@ def trace(
         tensor_capable = False
         model = _build(builder, plan)
     try:
-        return _trace(builder, model, plan, sample, recompute, units, tensor_capable)
+        return _trace(builder, model, plan, sample, recompute, units, tensor_capable, device == "cpu")
     finally:
         _free(plan)
 
@@ -777,7 +810,7 @@ def _probe_fields(sample: Sample, runs: Callable[[tuple[int, ...]], Any]) -> tup
 def _trace(
     builder: Builder, model: torch.nn.Module, plan: ParallelPlan, sample: Sample,
     recompute: Callable[[torch.nn.Module], Any] | None | bool, units_of: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None,
-    tensor_capable: bool,
+    tensor_capable: bool, fake: bool,
 ) -> Workload:  # fmt: skip
     names = _names(model)
     root = type(model).__name__
@@ -812,7 +845,8 @@ def _trace(
             params.append(ParamInfo(full, tuple(p.shape), p.element_size(), tdim, sdims, partial, unit_of.get(fqn, 0)))
     if not tensor_layers:
         tensor_capable = False
-    _fake(model)
+    if fake:
+        _fake(model)
     f0, f1 = _probe_fields(sample, lambda f: _shapes(model, plan, sample, 1, f))
     fields = (f0, f1)
     bs = (1, 2)
@@ -823,7 +857,8 @@ def _trace(
     variants = {False: _layers(model, runs, bs, fields, ps, tensor_layers, unit_of)}
     if recompute:
         again = _build(builder, plan)
-        _fake(again)
+        if fake:
+            _fake(again)
         if recompute is True:
             for m in default_layers(again):
                 checkpoint_forward(m)
@@ -845,9 +880,10 @@ def _trace(
     for k, info in enumerate(ranked):
         info.params = [j for j, pi in enumerate(params) if pi.unit == k]
     for v in variants.values():
-        for info in v.values():
-            info.unit = index[unit_fqns[info.unit]]
-    return Workload(sample, params, layers, ranked, traces, variants, tensor_capable, host, model, f0)
+        for layer in v.values():
+            layer.unit = index[unit_fqns[layer.unit]]
+    return Workload(sample, params, layers, ranked, traces, variants, tensor_capable, host, model, f0,
+                    "cpu" if fake else "meta")  # fmt: skip
 
 
 def _layers(
