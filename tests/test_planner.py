@@ -403,3 +403,32 @@ def test_search_of_4096_ranks_is_fast() -> None:
     assert time.perf_counter() - t0 < 30 and len(report.ranked) + len(report.infeasible) > 1000
     best = report.best
     assert best.memory.total <= 80 * 2**30 and math.isfinite(best.time.total)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(300)
+def test_train_plan_auto_dry_run(tmp_path: Path, caplog: Any) -> None:
+    """train.plan = "auto": rank 0 plans, every rank gets the same plan, and --dry-run stops before reading data."""
+    from apps.surrogate.__main__ import main as surrogate_main
+
+    size = WORLD.Get_size()
+    args = ["train", "--config", str(ROOT / "apps/configs/default.toml"), "--dry-run", "--out", str(tmp_path),
+            "--data", str(tmp_path / "missing.h5")]  # fmt: skip
+    sets = ["train.plan='auto'", "train.memory='1GiB'", "train.machine='a100-hdr'", "simulation.size=[32, 32]",
+            "train.batch_size=4", "surrogate.width=4"]  # fmt: skip
+    for item in sets:
+        args += ["--set", item]
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        assert surrogate_main(args) == 0
+    cfg = load_config(str(ROOT / "apps/configs/default.toml"), [s.replace("'", '"') for s in sets])
+    inputs = autoplan.planning_inputs(cfg)
+    grid = hpctp.ProcessGrid((size,))
+    chosen, _ = autoplan.choose(cfg, grid, __import__("logging").getLogger("test"))
+    applied = autoplan.apply(cfg, chosen)
+    assert_all(grid, chosen.ranks == size and applied["train"]["data"] == chosen.data, f"{chosen}")
+    report = plan(inputs["builder"], inputs["sample"], ranks=size, memory="1GiB", machine="a100-hdr", pipeline=False)
+    near = [p.candidate for p in report.ranked if p.time.total <= 1.2 * report.best.time.total]  # (host times vary)
+    assert_all(grid, chosen in near, f"{chosen} not among the fastest {near}")
+    grid.free()

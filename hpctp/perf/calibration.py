@@ -146,12 +146,13 @@ def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) 
 
         return go
 
-    n, k = 512, 16  # a square GEMM, and one with a small dimension: rate and half-rate dimension
+    n = 512  # a square GEMM, and a thin one (tall by 96, times 96 by 12: a truncated DFT's shape)
     a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     gemm = _rate(comm, run(lambda: a @ b), 2.0 * n**3, repeats)
-    thin = torch.randn(n, k, dtype=dtype, device=device)
-    small = _rate(comm, run(lambda: a @ thin), 2.0 * n * n * k, repeats)  # = gemm / (1 + half / k)
-    half = max(0.0, (gemm / small - 1.0) * k)
+    m, k, w = 8192, 96, 12
+    tall, thin = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, w, dtype=dtype, device=device)
+    small = _rate(comm, run(lambda: tall @ thin), 2.0 * m * k * w, repeats)  # = gemm / (1 + half / w)
+    half = max(0.0, (gemm / small - 1.0) * w)
     x = torch.randn(4, 32, 64, 64, dtype=dtype, device=device)
     w = torch.randn(32, 32, 3, 3, dtype=dtype, device=device)
     conv = _rate(comm, run(lambda: torch.nn.functional.conv2d(x, w, padding=1)), 2.0 * 4 * 32 * 32 * 9 * 64 * 64,
@@ -161,8 +162,8 @@ def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) 
     q = torch.randn(2, 4, 1024, 32, dtype=dtype, device=device)
     attn = _rate(comm, run(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)),
                  4.0 * 2 * 4 * 1024 * 1024 * 32, repeats)  # fmt: skip
-    big = torch.zeros(1 << 22, dtype=dtype, device=device)
-    bandwidth = _rate(comm, run(lambda: big.add_(1.0)), 2.0 * big.numel() * big.element_size(), repeats)
+    big = torch.zeros(1 << 22, dtype=dtype, device=device)  # an activation function: read and written once
+    bandwidth = _rate(comm, run(lambda: torch.nn.functional.gelu(big)), 2.0 * big.numel() * big.element_size(), repeats)
     kernel = host_op_seconds(comm, device, dtype, repeats)
     return ComputeRates(gemm, half, conv, fft, attn, bandwidth, kernel)
 

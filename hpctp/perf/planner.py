@@ -232,7 +232,7 @@ def _nothing_fits(report: PlanReport, recompute: bool) -> str:
     text = (
         f"no plan of {report.ranks} ranks fits in {_gib(report.budget)} per rank: the smallest peak is {_gib(need)} "
         f"({small.candidate.label()}; {top} {_gib(kinds[top])}). Give more memory per rank (at least {_gib(need)}), "
-        f"or more ranks (about {more} would bring the same plan's shares within budget)"
+        f"or more ranks (at least {more}: a plan's state and activations per rank shrink at best as 1 / ranks)"
     )
     if not recompute:
         text += ", or allow activation recomputation"

@@ -41,6 +41,7 @@ __all__ = [
     "LayerCost",
     "data_messages",
     "layer_cost",
+    "message_parts",
     "message_time",
     "predict_time",
     "stage_cuts",
@@ -67,13 +68,23 @@ class LayerCost:
 
 def message_time(m: Message, cand: Candidate, machine: MachineProfile, full_axes: tuple[int, ...]) -> float:
     """Local. Seconds of message ``m`` on ``machine`` (``full_axes``: its axes on the plan's whole grid)."""
+    return sum(message_parts(m, cand, machine, full_axes))
+
+
+def message_parts(
+    m: Message, cand: Candidate, machine: MachineProfile, full_axes: tuple[int, ...]
+) -> tuple[float, float]:  # fmt: skip
+    """Local. Message ``m``'s latency and its bandwidth time on ``machine``: a layer that overlaps its messages with
+    its computation hides only the latter (each piece of a ring or halo must arrive before it is used)."""
     dims = cand.dims
     level = machine.level(dims, full_axes)
     q = math.prod(dims[a] for a in full_axes)
     if m.kind == "p2p":
         link = machine.link(level, "p2p")
-        return m.count * link.alpha + max(m.sent, m.recv) * link.beta
-    return machine.message_time(m.kind, m.nbytes, q, level)
+        return m.count * link.alpha, max(m.sent, m.recv) * link.beta
+    whole = machine.message_time(m.kind, m.nbytes, q, level)
+    latency = machine.message_time(m.kind, 1, q, level)
+    return latency, whole - latency
 
 
 def _site(info: LayerInfo, cand: Candidate, sh: Shares, work: Workload, coords: tuple[int, ...]) -> Site:
@@ -133,11 +144,12 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         for m in msgs:
             if m.phase != phase:
                 continue
-            t = message_time(m, cand, machine, _full_axes(m, cand))
+            latency, volume = message_parts(m, cand, machine, _full_axes(m, cand))
             if m.overlap:
-                hidden += t
+                exposed[m.role] += latency
+                hidden += volume
             else:
-                exposed[m.role] += t
+                exposed[m.role] += latency + volume
         if hidden > compute[phase]:
             role = next(m.role for m in msgs if m.phase == phase and m.overlap)
             exposed[role] += hidden - compute[phase]
@@ -222,9 +234,10 @@ def predict_time(
                 cm[role] += t
         return f, b, cm, fl
 
-    measured = work.host.get(cand.recompute and True in work.host) or work.host.get(False)
+    rc = cand.recompute and (True, 0) in work.host
+    measured = work.host.get((rc, cand.zero))
     kernels = sum(c.kernels for c in costs.values())
-    host_total = sum(measured) * host_scale if measured else kernels * rates.kernel  # per micro-batch
+    host_total = (measured[0] + measured[1]) * host_scale if measured else kernels * rates.kernel  # per micro-batch
     stages_params: list[int] = list(range(len(work.params)))
     busiest = 0
     if cand.pipeline == 1:
@@ -281,6 +294,9 @@ def predict_time(
         comm["data"] += m * message_time(msg, cand, machine, msg.axes)
     # data parallelism
     data_comm, opt = _data_parallel(work, cand, machine, stages_params, bwd_time, rates.bandwidth, rates.kernel)
+    if measured:  # the step as measured on one rank (the wrapper's work and Adam's), Adam's share on this rank's slices
+        whole, mine = _optimizer_elements(work, cand, stages_params)
+        opt = measured[2] * host_scale * (mine / whole if whole else 1.0)
     comm["data"] += data_comm
     return TimeBreakdown(compute, {k: v for k, v in comm.items() if v > 0}, bubble, opt, flops), stages_params, busiest
 
@@ -355,6 +371,13 @@ def data_messages(
     return out + gathers
 
 
+def _optimizer_elements(work: Workload, cand: Candidate, params: list[int]) -> tuple[int, int]:
+    """Elements Adam steps on one rank of the whole model, and on this rank under ``cand``."""
+    whole = sum(p.numel for p in work.params)
+    bks = buckets(work, cand, params)
+    return whole, sum(b.numel if cand.zero == 0 else b.slice(cand.data) for b in bks)
+
+
 def _data_parallel(
     work: Workload, cand: Candidate, machine: MachineProfile, params: list[int], bwd_time: float, bandwidth: float,
     kernel: float,
@@ -375,7 +398,8 @@ def _data_parallel(
         if cand.zero <= 1:
             grads.append(machine.message_time("allreduce", n, q, machine.level(dims, axes)))
         else:
-            grads.append(sum(machine.message_time("reduce_scatter", s * b.itemsize, d, data_level) for s in b.sizes))
+            # (a bucket's reduce-scatters, one per parameter, are in flight together: their latencies overlap)
+            grads.append(machine.message_time("reduce_scatter", b.numel * b.itemsize, d, data_level))
             if b.spatial and spatial:
                 q = math.prod(dims[a] for a in spatial)
                 after += machine.message_time("allreduce", b.slice(d) * b.itemsize, q, machine.level(dims, spatial))

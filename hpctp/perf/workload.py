@@ -322,9 +322,10 @@ class Workload:
     tensor_capable : bool
         Whether the builder accepted a tensor axis and split some parameter over it.
     host : dict
-        ``{recompute: (forward, backward)}`` wall seconds of the host's own work per micro-batch (a real
-        step of one sample of a small field, one thread, here; :func:`hpctp.perf.plan` scales it to the
-        machine); empty for models too large to run here (their host time is then their kernel launches).
+        ``{(recompute, zero stage): (forward, backward, step)}`` wall seconds of the host's own work (a real
+        training step of one sample of a small field on one rank, one thread, here; :func:`hpctp.perf.plan`
+        scales it to the machine); empty for models too large to run here (their host time is then their
+        kernel launches and the optimizer's memory traffic).
     model : torch.nn.Module
         The traced model (on ``meta``; its modules carry the hyperparameters the message models read).
     """
@@ -336,7 +337,7 @@ class Workload:
     traces: dict[bool, Trace]
     layer_variants: dict[bool, dict[str, LayerInfo]]
     tensor_capable: bool
-    host: dict[bool, tuple[float, float]]
+    host: dict[tuple[bool, int], tuple[float, float, float]]
     model: torch.nn.Module
     probe_field: tuple[int, ...] = ()
     device: str = "cpu"
@@ -970,43 +971,52 @@ def _coarse(r: _Run) -> _Run:
 def _host_seconds(
     builder: Builder, plan: ParallelPlan, sample: Sample, f0: tuple[int, ...],
     recompute: Callable[[torch.nn.Module], Any] | None | bool,
-) -> dict[bool, tuple[float, float]]:  # fmt: skip
-    """Wall seconds of one real forward and one backward of one sample of the probe field on this CPU, one thread,
-    with and without recomputation: the host's own work per step (Python, operator dispatch), the computation of
-    so small a field being negligible. Empty when the model's parameters exceed :data:`HOST_PROBE_BYTES`."""
-    out: dict[bool, tuple[float, float]] = {}
+) -> dict[tuple[bool, int], tuple[float, float, float]]:  # fmt: skip
+    """Wall seconds of a real training step of one sample of the probe field on this CPU, one thread, per
+    recomputation and ZeRO stage (:class:`hpctp.nn.ShardedDataParallel` on one rank: its hooks, gathers and frees,
+    no messages): forward, backward, and the step after them (the wrapper's and Adam's, on the whole parameters).
+    The host's own work (Python, operator dispatch, the optimizer), the computation of so small a field being
+    negligible. Empty when the model's parameters exceed :data:`HOST_PROBE_BYTES`."""
+    from ..nn import ShardedDataParallel
+
+    out: dict[tuple[bool, int], tuple[float, float, float]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for rc in (False, True) if recompute else (False,):
-            model = _build(builder, plan)
-            if sum(p.numel() * p.element_size() for p in model.parameters()) > HOST_PROBE_BYTES:
-                return {}
-            model.to_empty(device="cpu")
-            with torch.no_grad():
-                for t in (*model.parameters(), *model.buffers()):
-                    t.zero_()
-            if rc and recompute is True:
-                for m in default_layers(model):
-                    checkpoint_forward(m)
-            elif rc and callable(recompute):
-                recompute(model)
-            grid = plan.model_grid
-            shape = (1, sample.shape[1], *f0)
-            layout = Layout(shape, grid.dims, (None, None, *plan.spatial))
-            best_f = best_b = math.inf
-            for _ in range(4):
-                x = DistTensor(torch.zeros(shape, dtype=sample.torch_dtype), grid, layout)
-                t0 = time.perf_counter()
-                out_ = model(x)
-                pred = out_.local if isinstance(out_, DistTensor) else out_
-                loss = (pred**2).sum()
-                t1 = time.perf_counter()
-                loss.backward()
-                t2 = time.perf_counter()
-                best_f, best_b = min(best_f, t1 - t0), min(best_b, t2 - t1)
-                model.zero_grad(set_to_none=True)
-            out[rc] = (best_f, best_b)
+            for zero in (0, 1, 2, 3):
+                model = _build(builder, plan)
+                if sum(p.numel() * p.element_size() for p in model.parameters()) > HOST_PROBE_BYTES:
+                    return {}
+                model.to_empty(device="cpu")
+                with torch.no_grad():
+                    for t in (*model.parameters(), *model.buffers()):
+                        t.zero_()
+                if rc and recompute is True:
+                    for m in default_layers(model):
+                        checkpoint_forward(m)
+                elif rc and callable(recompute):
+                    recompute(model)
+                sdp = ShardedDataParallel(model, plan, stage=zero)
+                opt = torch.optim.Adam(sdp.parameters(), lr=1e-9)
+                grid = plan.model_grid
+                shape = (1, sample.shape[1], *f0)
+                layout = Layout(shape, grid.dims, (None, None, *plan.spatial))
+                best = [math.inf] * 3
+                for _ in range(4):
+                    x = DistTensor(torch.zeros(shape, dtype=sample.torch_dtype), grid, layout)
+                    t0 = time.perf_counter()
+                    out_ = sdp(x)
+                    pred = out_.local if isinstance(out_, DistTensor) else out_
+                    loss = (pred**2).sum()
+                    t1 = time.perf_counter()
+                    loss.backward()
+                    t2 = time.perf_counter()
+                    sdp.step(opt)
+                    sdp.zero_grad(set_to_none=True)
+                    t3 = time.perf_counter()
+                    best = [min(b, t) for b, t in zip(best, (t1 - t0, t2 - t1, t3 - t2))]
+                out[(rc, zero)] = (best[0], best[1], best[2])
     finally:
         torch.set_num_threads(threads)
     return out
