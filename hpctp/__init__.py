@@ -9,7 +9,6 @@ from ._util.memory import PeakMemory
 from .comm import CommCounter, ProcessGrid
 from .halo import HaloExchange
 from .layout import Layout, block_range
-from .linalg import cost as perf
 from .linalg import matmul
 from .tensor import random
 from .tensor.core import DistTensor
@@ -23,6 +22,16 @@ from .tensor.functions.quantiles import median, percentile, quantile
 from .tensor.functions.scan import cumprod, cumsum
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``hpctp.perf`` (the cost models and the planner) on first use: it loads torch, which ``import hpctp`` does not."""
+    if name == "perf":
+        import importlib
+
+        return importlib.import_module(".perf", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CommCounter",

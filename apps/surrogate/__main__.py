@@ -24,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.add_argument("--out", default=None, help="run directory (default: train.out)")
             s.add_argument("--resume", action="store_true", help="continue from RUNDIR/checkpoint.h5 (any rank count)")
             s.add_argument(
+                "--dry-run", action="store_true",
+                help="stop before training, after logging the plan (with train.plan = 'auto': the one hpctp.perf picks)",
+            )  # fmt: skip
+            s.add_argument(
                 "--trace", type=int, nargs="?", const=2000, default=None, metavar="N",
                 help="flight recorder: keep each rank's last N MPI calls (default 2000) and write them to RUNDIR/trace "
                 "at the end, for `hpctp trace summarize RUNDIR/trace` (HPCTP_WATCHDOG and HPCTP_CHECK also apply)",
@@ -62,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         from .train import train
 
-        losses = train(cfg, data, args.out or str(run), grid, log, resume=args.resume)
+        losses = train(cfg, data, args.out or str(run), grid, log, resume=args.resume, dry_run=args.dry_run)
         if losses:
             log.info("loss: first step %.4e, last step %.4e", losses[0], losses[-1])
         if args.trace is not None:

@@ -16,6 +16,10 @@ Config keys (``[train]``, all optional):
 * ``precision`` (``"fp32"`` or ``"bf16"``): bf16 runs the forward under ``torch.autocast`` (float32
   parameters and optimizer state; ``surrogate.dtype`` must then be float32).
 * ``checkpoint_activations`` (bool): recompute each layer's activations in backward.
+* ``plan`` (``"manual"`` or ``"auto"``): ``"auto"`` sets the keys above and ``simulation.grid`` to the plan
+  :func:`hpctp.perf.plan` predicts fastest within ``memory`` per rank (e.g. ``"16GiB"``; default the machine's) on
+  ``machine`` (a machine file or a published profile's name; empty: measured at start), see
+  :mod:`apps.surrogate.autoplan`.
 
 The grid is ``[data, *simulation.grid]``, with ``[pipeline]`` after ``data`` when ``pipeline > 1`` and
 ``[tensor]`` last when ``tensor > 1``; the spatial part is
@@ -54,6 +58,9 @@ class TrainingSetup:
         self.zero = t.get("zero", 0)
         self.precision = t.get("precision", "fp32")
         self.checkpoint_activations = t.get("checkpoint_activations", False)
+        self.plan = t.get("plan", "manual")
+        if self.plan not in ("manual", "auto"):
+            raise ValueError(f"train.plan must be 'manual' or 'auto', got {self.plan!r}")
         self.pipeline = t.get("pipeline", 1)
         self.schedule = t.get("schedule", "1f1b")
         self.microbatches = t.get("microbatches", 2 * self.pipeline if isinstance(self.pipeline, int) else 1)

@@ -158,15 +158,38 @@ def _stages_line(pipe: PipelineParallel, busy: float, steps: int, measured: hpct
 
 
 def train(
-    cfg: dict[str, Any], data: str, out: str, grid: hpctp.ProcessGrid, log: Any, resume: bool = False
-) -> list[float]:
+    cfg: dict[str, Any], data: str, out: str, grid: hpctp.ProcessGrid, log: Any, resume: bool = False,
+    dry_run: bool = False,
+) -> list[float]:  # fmt: skip
     """Collective over grid. Train on the snapshot file ``data``; write checkpoints and history to ``out``.
+
+    With ``train.plan = "auto"`` the parallelism keys are first set to the plan :func:`hpctp.perf.plan` picks
+    (logged with its predicted memory and time); ``dry_run`` stops there (nothing is read or trained).
 
     Returns
     -------
     list of float
         The loss of every step run in this call.
     """
+    if TrainingSetup(cfg).plan == "auto":
+        from .autoplan import apply, choose
+
+        chosen, table = choose(cfg, grid, log)
+        log.info("train.plan = auto on %d ranks: %s\n%s", grid.size, chosen.label(), table)
+        cfg = apply(cfg, chosen)
+    if dry_run:
+        t = cfg["train"]
+        pipe = (
+            f"pipeline {t['pipeline']} ({t['schedule']}, {t['microbatches']} micro-batches), "
+            if t.get("pipeline", 1) > 1
+            else ""
+        )
+        log.info(
+            "dry run: data %d, %sspatial %s, tensor %d, zero %d, checkpoint_activations %s; stopping before training",
+            t.get("data", 1), pipe, cfg["simulation"]["grid"], t.get("tensor", 1), t.get("zero", 0),
+            t.get("checkpoint_activations", False),
+        )  # fmt: skip
+        return []
     tcfg = cfg["train"]
     run = Path(out)
     ckpt = run / "checkpoint.h5"

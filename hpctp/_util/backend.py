@@ -365,9 +365,14 @@ def copy_into(dst: Array, src: Array) -> None:
 
 
 def _numpy_copyable(dst: Any, src: Any) -> bool:
-    """Both CPU torch tensors of one dtype numpy has, neither conjugated nor negated lazily."""
+    """Both plain CPU torch tensors (subclasses such as fake tensors have no numpy view) of one dtype numpy has,
+    neither conjugated nor negated lazily."""
+    import torch
+
     return (
         is_torch(src)
+        and type(dst) is torch.Tensor
+        and type(src) is torch.Tensor
         and dst.device.type == "cpu"
         and src.device.type == "cpu"
         and dst.dtype == src.dtype

@@ -1,4 +1,5 @@
-"""Command line: ``hpctp info``, ``hpctp demo`` (run under mpiexec/srun for several ranks), ``hpctp trace``."""
+"""Command line: ``hpctp info``, ``hpctp demo`` (run under mpiexec/srun for several ranks), ``hpctp trace``,
+``hpctp plan`` (the planner, one process) and ``hpctp perf calibrate`` (under mpiexec)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="the PNG's window, in ms from the first recorded call (default: all)")  # fmt: skip
     rep = how.add_parser("report", help="where the ranks diverge (the watchdog's report, offline)")
     rep.add_argument("directory")
+    pl = sub.add_parser("plan", help="rank the parallel plans of a model config on N ranks (no mpiexec needed)")
+    pl.add_argument(
+        "config", help="TOML config (an apps surrogate config, or one with [plan] inputs = 'module:function')"
+    )
+    pl.add_argument("--ranks", type=int, required=True, help="ranks of the job")
+    pl.add_argument("--memory", required=True, help="memory per rank, e.g. 80GiB")
+    pl.add_argument("--machine", default=None, help="machine file or published profile (default: h100-ndr)")
+    pl.add_argument("--top", type=int, default=10, help="plans shown")
+    pl.add_argument("--no-pipeline", action="store_true", help="leave pipeline plans out")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    perf = sub.add_parser("perf", help="machine profiles for the planner")
+    what = perf.add_subparsers(dest="perf_command", required=True)
+    cal = what.add_parser("calibrate", help="measure message costs along each grid axis and compute rates (mpiexec)")
+    cal.add_argument("--out", default="machine.toml", help="machine file to write (default: machine.toml)")
+    cal.add_argument("--dtype", default="float32")
+    cal.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
+    if args.command == "plan":  # one process: the planner traces on the meta device, sends nothing
+        from .plan import plan_command
+
+        return plan_command(
+            args.config, args.ranks, args.memory, args.machine, args.top, args.set, not args.no_pipeline
+        )
+    if args.command == "perf":
+        from .plan import calibrate_command
+
+        return calibrate_command(args.out, args.dtype, args.repeats)
     if args.command == "trace":  # offline: no collective, whatever the number of ranks
         from .trace import report_command, summarize_command
 

@@ -1,0 +1,241 @@
+"""Peak memory of one rank for a plan: parameters, gradients and optimizer state exactly, activations from the trace.
+
+The training state follows :class:`hpctp.nn.ShardedDataParallel`'s buckets (the trainable parameters of
+one kind, packed flat, :class:`hpctp.layout.FlatPacking`; the data ranks own balanced slices of each):
+stages 0-2 close a bucket at ``bucket_mib`` walking the parameters in reverse, stage 3 keeps one bucket
+per unit and kind. Per rank (``P``: its parameters' bytes, tensor-parallel blocks included; ``S``: its
+slices, about ``P / D``):
+
+=====  ==========  ====================================  =======  ======================================
+stage  parameters  gradients (backward / at the step)    Adam     extra
+=====  ==========  ====================================  =======  ======================================
+0      ``P``       flat bucket buffers ``P`` / ``P``     ``2 P``  step temporary ``P``
+1      ``P + S``   flat bucket buffers ``P`` / ``S``     ``2 S``  step temporary ``S``
+2      ``P + S``   a bucket in flight + ``S`` / ``S``    ``2 S``  step temporary ``S``
+3      ``S``       a unit in flight + ``S`` / ``S``      ``2 S``  two gathered units in forward/backward
+=====  ==========  ====================================  =======  ======================================
+
+Activations are the trace's timeline (:class:`hpctp.perf.workload.Trace`) at the rank's block; the peak is
+the largest moment of forward and backward, with the gradients that exist then, or the optimizer step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..nn import ShardedDataParallel
+from .model import Candidate, MemoryBreakdown
+from .workload import ParamInfo, Sample, Trace, Workload
+
+__all__ = ["ADAM_MOMENTS", "BUCKET_BYTES", "Shares", "Bucket", "shares", "local_numel", "buckets", "predict_memory"]
+
+BUCKET_BYTES = int(inspect.signature(ShardedDataParallel).parameters["bucket_mib"].default * 2**20)
+"""Where :class:`hpctp.nn.ShardedDataParallel` closes a bucket at stages 0-2 (its default ``bucket_mib``)."""
+ADAM_MOMENTS = 2
+"""Per-element optimizer state per parameter element (Adam's two moments)."""
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Local. The busiest rank's part of one step.
+
+    Attributes
+    ----------
+    batch : int
+        Samples of one micro-batch on its data group.
+    samples : int
+        Samples of its data group per step (all micro-batches).
+    points : int
+        Field points of its block.
+    whole : int
+        Field points of the whole field.
+    tensor : float
+        Its share of a tensor split over the tensor axis.
+    block : tuple of int
+        Its block's extents.
+    """
+
+    batch: int
+    samples: int
+    points: int
+    whole: int
+    tensor: float
+    block: tuple[int, ...]
+
+    @property
+    def features(self) -> np.ndarray:
+        """Local. ``(1, b, p, b p)`` for the trace's fits."""
+        b, p = float(self.batch), float(self.points)
+        return np.array([1.0, b, p, b * p])
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def shares(sample: Sample, cand: Candidate) -> Shares:
+    """Local. The busiest rank's share of ``sample`` under ``cand`` (uneven cuts: the larger part)."""
+    samples = _ceil(sample.batch, cand.data)
+    batch = _ceil(samples, cand.microbatches)
+    m = sample.spatial_multiple
+    block = tuple(_ceil(_ceil(n, m), s) * m for n, s in zip(sample.field, cand.spatial))
+    units = sample.tensor_units
+    tensor = 1.0 if cand.tensor == 1 else (_ceil(units, cand.tensor) / units if units else 1.0 / cand.tensor)
+    return Shares(batch, samples, math.prod(block), math.prod(sample.field), tensor, block)
+
+
+def local_numel(p: ParamInfo, cand: Candidate, sample: Sample) -> int:
+    """Local. Elements of ``p``'s block on the busiest rank (its tensor-axis split; the rare spatially split
+    parameter divided by the largest spatial axis)."""
+    shape = list(p.shape)
+    if p.tensor_dim is not None and cand.tensor > 1:
+        n = shape[p.tensor_dim]
+        units = sample.tensor_units
+        if units and n % units == 0:
+            shape[p.tensor_dim] = _ceil(units, cand.tensor) * (n // units)
+        else:
+            shape[p.tensor_dim] = _ceil(n, cand.tensor)
+    for d in p.spatial_dims:
+        shape[d] = _ceil(shape[d], max(cand.spatial))
+    return math.prod(shape)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Local. A flat bucket of the busiest rank: its elements (whole), bytes per element, whether its gradient is
+    also partial over the spatial axes, its unit (stage 3), and its parameters' elements."""
+
+    numel: int
+    itemsize: int
+    spatial: bool
+    unit: int
+    sizes: tuple[int, ...]
+
+    def slice(self, data: int) -> int:
+        """Local. Elements of the largest slice over ``data`` ranks."""
+        return _ceil(self.numel, data)
+
+
+def buckets(work: Workload, cand: Candidate, params: list[int] | None = None) -> list[Bucket]:
+    """Local. The buckets :class:`hpctp.nn.ShardedDataParallel` makes of ``params`` (indices; default all), in the
+    order their gradients are sent."""
+    key = ("buckets", cand.tensor, cand.zero == 3, None if params is None else tuple(params))
+    if key not in work.cache:
+        work.cache[key] = _buckets(work, cand, params)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _buckets(work: Workload, cand: Candidate, params: list[int] | None) -> list[Bucket]:
+    idx = list(range(len(work.params))) if params is None else list(params)
+    numels = {i: local_numel(work.params[i], cand, work.sample) for i in idx}
+    out: list[Bucket] = []
+    if cand.zero == 3:
+        for unit in reversed(range(len(work.units))):
+            groups: dict[tuple[int, bool], list[int]] = {}
+            for i in idx:
+                p = work.params[i]
+                if p.unit == unit:
+                    groups.setdefault((p.itemsize, p.partial_spatial), []).append(i)
+            for (item, sp), members in groups.items():
+                sizes = tuple(numels[i] for i in members)
+                out.append(Bucket(sum(sizes), item, sp, unit, sizes))
+        return out
+    filling: dict[tuple[int, bool], list[int]] = {}
+    made: list[tuple[tuple[int, bool], list[int]]] = []
+    size: dict[tuple[int, bool], int] = {}
+    for i in reversed(idx):
+        p = work.params[i]
+        key = (p.itemsize, p.partial_spatial)
+        if key not in filling:
+            filling[key], size[key] = [], 0
+            made.append((key, filling[key]))
+        filling[key].append(i)
+        size[key] += numels[i] * p.itemsize
+        if size[key] >= BUCKET_BYTES:
+            del filling[key]
+    for (item, sp), members in made:
+        sizes = tuple(numels[i] for i in members)
+        out.append(Bucket(sum(sizes), item, sp, 0, sizes))
+    return out
+
+
+def _state(work: Workload, cand: Candidate, params: list[int] | None) -> tuple[int, int, int, int, int]:
+    """Bytes of the rank's parameters (whole), of its slices, of the largest bucket, of the two largest units."""
+    key = ("state", cand.tensor, cand.zero == 3, cand.data, None if params is None else tuple(params))
+    if key not in work.cache:
+        bks = buckets(work, cand, params)
+        unit_bytes: dict[int, int] = {}
+        for b in bks:
+            unit_bytes[b.unit] = unit_bytes.get(b.unit, 0) + b.numel * b.itemsize
+        units = sorted(unit_bytes.values(), reverse=True) + [0, 0]
+        work.cache[key] = (
+            sum(b.numel * b.itemsize for b in bks), sum(b.slice(cand.data) * b.itemsize for b in bks),
+            max((b.numel * b.itemsize for b in bks), default=0), units[0], units[1],
+        )  # fmt: skip
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _activations(trace: Trace, sh: Shares) -> np.ndarray:
+    f = sh.features
+    return np.maximum(trace.rep @ f + sh.tensor * (trace.split @ f), 0.0)
+
+
+def predict_memory(
+    work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
+    in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0,
+) -> MemoryBreakdown:  # fmt: skip
+    """Local. The busiest rank's peak bytes by kind (see the module docstring).
+
+    Parameters
+    ----------
+    work : Workload
+    cand : Candidate
+    sh : Shares
+    stage_params : list of int, optional
+        The parameters of the rank's pipeline stage (default all).
+    in_flight : float
+        Micro-batches whose activations the stage holds at once (pipelines).
+    stage_share : float
+        The stage's share of the activations kept between forward and backward.
+    stage : int
+        The stage (reported).
+
+    Returns
+    -------
+    MemoryBreakdown
+    """
+    trace = work.traces[cand.recompute and True in work.traces]
+    whole, slices, biggest, u0, u1 = _state(work, cand, stage_params)
+    z = cand.zero
+    params = whole if z == 0 else (whole + slices if z < 3 else slices)
+    opt_elems_bytes = whole if z == 0 else slices
+    optimizer = ADAM_MOMENTS * opt_elems_bytes
+    temp = opt_elems_bytes
+    data = 2 * sh.samples * work.sample.shape[1] * sh.points * work.sample.itemsize
+    acts = _activations(trace, sh)
+    end = float(acts[trace.end_forward]) if acts.size else 0.0
+    if cand.pipeline > 1 and acts.size:
+        acts = acts - end + end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
+    g, bwd = trace.grads, trace.backward > 0
+    if z <= 1:
+        grads = np.minimum(whole, g * whole + biggest) + (g * slices if z == 1 else 0.0)
+    elif z == 2:
+        grads = np.minimum(g * whole, 2 * biggest) + g * slices
+    else:
+        grads = np.minimum(g * whole, 2 * u0) + g * slices
+    grads = np.where(bwd, grads, 0.0)
+    buffers = float(u0 + u1) if z == 3 else 0.0
+    totals = params + optimizer + acts + grads + buffers + data
+    j = int(np.argmax(totals)) if totals.size else -1
+    grads_step = whole if z == 0 else slices
+    step_total = params + optimizer + temp + grads_step + data
+    if j < 0 or step_total >= totals[j]:
+        return MemoryBreakdown(int(params), int(grads_step), int(optimizer + temp), 0, 0, int(data), "optimizer step",
+                               stage)  # fmt: skip
+    phase = "backward" if bwd[j] else "forward"
+    act, grads_j = float(acts[j]), float(grads[j])
+    return MemoryBreakdown(int(params), int(grads_j), int(optimizer), int(act), int(buffers), int(data), phase, stage)

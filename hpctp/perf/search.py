@@ -1,0 +1,263 @@
+"""Enumerate the ways to train a workload on ``ranks`` ranks, predict each, rank them.
+
+The grid is ``pipeline x data x spatial_1 x ... x spatial_d x tensor``. Every ordered factorisation of
+``ranks`` into those axes is a candidate grid unless an axis has more ranks than it can use (data: the
+samples of a step; spatial: the field's cells per dim; tensor: the heads, or none when no parameter is
+split over it; pipeline: the model's units). Equal field dims are symmetric, so a grid and its mirror
+are priced once (the one with more ranks on the first dim). Each grid is combined with the ZeRO stages
+(0 alone without data parallelism), recomputation on and off, and for a pipeline its schedules with
+``p``, ``2 p`` and ``4 p`` micro-batches (and two chunks per rank for the interleaved schedule).
+
+Memory is predicted first (it needs no message model) and only the plans that fit are timed; plans that
+share a block and a micro-batch share their per-module costs, and identical modules (a transformer's
+blocks) are priced once, so thousands of candidates take seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..nn.pipeline_parallel import SCHEDULES, pipeline_schedule
+from .machine import MachineProfile
+from .memory import predict_memory, shares
+from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
+from .timing import LayerCost, layer_cost, predict_time, stage_cuts
+from .workload import LayerInfo, Workload
+
+__all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of", "spearman"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Local. The most ranks each axis can use, and why."""
+
+    data: int
+    spatial: tuple[int, ...]
+    tensor: int
+    pipeline: int
+
+    @property
+    def ranks(self) -> int:
+        """Local. The most ranks any grid can use."""
+        return self.data * math.prod(self.spatial) * self.tensor * self.pipeline
+
+
+def limits(work: Workload) -> Limits:
+    """Local. The axis limits of ``work`` (see the module docstring)."""
+    s = work.sample
+    spatial = tuple(n // s.spatial_multiple for n in s.field)
+    tensor = 1
+    if work.tensor_capable:
+        sizes = [p.shape[p.tensor_dim] for p in work.params if p.tensor_dim is not None]
+        tensor = min(sizes) if sizes else 1
+        if s.tensor_units:
+            tensor = min(tensor, s.tensor_units)
+    return Limits(s.batch, spatial, tensor, max(1, len(work.units) - 1))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def grids(ranks: int, lim: Limits, symmetric: bool) -> Iterator[tuple[int, int, tuple[int, ...], int]]:
+    """Local. ``(pipeline, data, spatial, tensor)`` with product ``ranks`` within ``lim``."""
+    nsp = len(lim.spatial)
+
+    def spatial(rest: int, k: int) -> Iterator[tuple[int, ...]]:
+        if k == nsp:
+            if rest == 1:
+                yield ()
+            return
+        for d in _divisors(rest):
+            if d <= lim.spatial[k]:
+                for tail in spatial(rest // d, k + 1):
+                    yield (d, *tail)
+
+    for p in _divisors(ranks):
+        if p > lim.pipeline:
+            continue
+        for t in _divisors(ranks // p):
+            if t > lim.tensor:
+                continue
+            for d in _divisors(ranks // p // t):
+                if d > lim.data:
+                    continue
+                for s in spatial(ranks // p // t // d, 0):
+                    if symmetric and list(s) != sorted(s, reverse=True):
+                        continue
+                    yield p, d, s, t
+
+
+def candidates(work: Workload, ranks: int, *, schedules: Sequence[str] = SCHEDULES, zero: Sequence[int] = (0, 1, 2, 3),
+               recompute: Sequence[bool] = (False, True), pipeline: bool = True) -> list[Candidate]:  # fmt: skip
+    """Local. Every candidate plan on ``ranks`` ranks (see the module docstring)."""
+    lim = limits(work)
+    field = work.sample.field
+    symmetric = len(set(field)) == 1 and len(field) > 1
+    rcs = [r for r in recompute if not r or True in work.traces]
+    out = []
+    for p, d, s, t in grids(ranks, lim, symmetric):
+        if p > 1 and not pipeline:
+            continue
+        samples = -(-work.sample.batch // d)
+        stages = list(zero) if d > 1 else [0]
+        if p > 1:  # (a pipeline accumulates micro-batches' gradients: sharding them (ZeRO 2-3) is left out)
+            stages = [z for z in stages if z <= 1]
+        pipes: list[tuple[str, int, int]] = [("", 1, 1)]
+        if p > 1:
+            pipes = []
+            for name in schedules:
+                for m in sorted({p, 2 * p, 4 * p}):
+                    if m > samples:
+                        continue
+                    v = 2 if name == "interleaved" else 1
+                    if v * p > lim.pipeline:
+                        continue
+                    pipes.append((name, m, v))
+        for name, m, v in pipes:
+            for z in stages:
+                for r in rcs:
+                    out.append(Candidate(d, s, t, p, z, r, name, m, v))
+    return out
+
+
+def _signature(info: LayerInfo) -> tuple[object, ...]:
+    """Equal for modules of one kind, shapes and costs (a transformer's blocks): priced once."""
+
+    def geo(g: object) -> object:
+        return None if g is None else (g.shape, g.batch_dim, tuple(sorted(g.spatial.items())))  # type: ignore[attr-defined]
+
+    try:
+        extra = info.module.extra_repr()
+    except Exception:  # a module whose repr needs its tensors' values
+        extra = ""
+    return (info.kind, extra, info.tensor, geo(info.inputs), geo(info.output),
+            tuple(sorted((k, v.c, v.quadratic) for k, v in info.flops.items())), tuple(sorted(info.kernels.items())),
+            tuple(sorted((k, v.c) for k, v in info.elementwise.items())))  # fmt: skip
+
+
+@lru_cache(maxsize=1024)
+def _in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Micro-batches each pipeline rank holds at once (in units of one stage's activations)."""
+    return tuple(pipeline_schedule(schedule, p, m, v).simulate().peaks)
+
+
+def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """Per pipeline rank: its parameters, and the activations its stages keep at the end of forward (coefficients of
+    ``(1, b, p, b p)``, replicated and tensor-split), a rank's share of the model's own (root) ones included."""
+    parts = cand.pipeline * cand.chunks
+    key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
+    if key not in work.cache:
+        trace = work.traces[cand.recompute and True in work.traces]
+        cuts = stage_cuts(work, parts)
+        root = work.units[0]
+        zero = np.zeros(8)
+        root_kept = sum((trace.retained.get(f, zero) for f in root.layers), zero) / cand.pipeline
+        out = []
+        for r in range(cand.pipeline):
+            units = [u for s in range(r, parts, cand.pipeline) for u in work.units[1 + cuts[s] : 1 + cuts[s + 1]]]
+            params = sorted({i for u in units for i in u.params} | set(root.params))
+            kept = sum((trace.retained.get(f, zero) for u in units for f in u.layers), zero) + root_kept
+            out.append((params, kept[:4], kept[4:]))
+        work.cache[key] = out
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
+    """Local. The busiest rank's predicted peak memory under ``cand`` (every pipeline rank tried)."""
+    sh = shares(work.sample, cand)
+    if cand.pipeline == 1:
+        return predict_memory(work, cand, sh)
+    f = sh.features
+    key = ("retained", cand.recompute)
+    if key not in work.cache:
+        trace = work.traces[cand.recompute and True in work.traces]
+        work.cache[key] = sum(trace.retained.values(), np.zeros(8))
+    whole = work.cache[key]
+    total = float(whole[:4] @ f + sh.tensor * (whole[4:] @ f)) or 1.0
+    peaks = _in_flight(cand.schedule, cand.pipeline, cand.microbatches, cand.chunks)
+    best: MemoryBreakdown | None = None
+    for r, (params, rep, split) in enumerate(_stage_parts(work, cand)):
+        share = float(rep @ f + sh.tensor * (split @ f)) / total
+        m = predict_memory(work, cand, sh, params, peaks[r] / cand.chunks, share, r)
+        if best is None or m.total > best.total:
+            best = m
+    assert best is not None  # (pipeline >= 2: the loop ran)
+    return best
+
+
+def evaluate(
+    work: Workload, cands: Sequence[Candidate], machine: MachineProfile, budget: int, *, host_scale: float,
+    asynchronous: bool,
+) -> list[Prediction]:  # fmt: skip
+    """Local. Predictions of ``cands``: memory first, then time for the ones within ``budget`` bytes (the others
+    carry a zero time and the reason)."""
+    groups: dict[tuple[object, ...], list[Candidate]] = {}
+    for c in cands:
+        groups.setdefault((c.data, c.spatial, c.tensor, c.pipeline, c.microbatches, c.recompute), []).append(c)
+    sigs = {rc: {fqn: _signature(info) for fqn, info in layers.items()} for rc, layers in work.layer_variants.items()}
+    out: list[Prediction] = []
+    plain_fits: set[Candidate] = set()
+    for members in sorted(groups.values(), key=lambda ms: ms[0].recompute):  # (without recomputation first)
+        if members[0].recompute:  # recomputing is slower: only where the same plan without it does not fit
+            members = [c for c in members if dataclasses.replace(c, recompute=False) not in plain_fits]
+            if not members:
+                continue
+        mems = {c: memory_of(work, c) for c in members}
+        fitting = [c for c in members if mems[c].total <= budget]
+        plain_fits.update(c for c in fitting if not c.recompute)
+        for c in members:
+            if mems[c].total > budget:
+                out.append(Prediction(c, mems[c], TimeBreakdown(0.0), False, _reason(mems[c], budget)))
+        if not fitting:
+            continue
+        first = fitting[0]
+        sh = shares(work.sample, first)
+        variant = first.recompute and True in work.layer_variants
+        layers = work.layer_variants[variant]
+        costs: dict[str, LayerCost] = {}
+        priced: dict[tuple[object, ...], LayerCost] = {}
+        for fqn, info in layers.items():
+            sig = sigs[variant][fqn]
+            if sig not in priced:
+                priced[sig] = layer_cost(info, work, first, sh, machine)
+            costs[fqn] = priced[sig]
+        for c in fitting:
+            t, _, _ = predict_time(work, c, sh, machine, costs, host_scale, asynchronous)
+            out.append(Prediction(c, mems[c], t, True, ""))
+    return out
+
+
+def _reason(mem: MemoryBreakdown, budget: int) -> str:
+    kinds = mem.kinds()
+    top = max(kinds, key=lambda k: kinds[k])
+    return f"needs {_gib(mem.total)} > {_gib(budget)} ({top} {_gib(kinds[top])}, at the {mem.phase})"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Local. Spearman's rank correlation of ``a`` and ``b`` (ties ranked by their mean rank)."""
+
+    def ranks(x: Sequence[float]) -> np.ndarray:
+        arr = np.asarray(x, float)
+        order = np.argsort(arr, kind="mergesort")
+        r = np.empty(len(arr))
+        r[order] = np.arange(len(arr), dtype=float)
+        for v in np.unique(arr):
+            same = arr == v
+            r[same] = r[same].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

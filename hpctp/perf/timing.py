@@ -1,0 +1,447 @@
+"""Step time of one rank for a plan: computation, messages, pipeline bubble, optimizer step.
+
+Per module (:class:`~hpctp.perf.workload.LayerInfo`) at the rank's block: its flops of each kind at the
+machine's rate for that kind, its elementwise bytes at the memory bandwidth (both divided by the tensor
+axis inside tensor-parallel modules), and its messages (:func:`hpctp.perf.layers.layer_messages`), each
+at the latency and bandwidth of the link its communicator crosses (:meth:`MachineProfile.level`). A
+message the layer overlaps with its own computation (halo exchanges, the attention ring) costs only what
+exceeds that computation. The host's own time per step (Python, operator dispatch) is the trace's
+measured meta-device time scaled by the machine's time per kernel; on an asynchronous device it overlaps
+the kernels, elsewhere it adds.
+
+Data parallelism (:class:`hpctp.nn.ShardedDataParallel`): stages 0-1 all-reduce each bucket over the data
+axes and, for replicated parameters of spatially split layers, the spatial ones; stages 2-3 reduce-scatter
+each parameter over the data axes, then all-reduce the slices over the spatial axes; these messages overlap
+backward (the last bucket's never does). Stages 1-2 all-gather the updated slices after the step; stage 3
+all-gathers each unit before its forward and again before its backward, the next unit's while this one
+computes. A pipeline (:mod:`hpctp.nn.pipeline_parallel`) runs its schedule's action lists with each stage's
+forward and backward times and a point-to-point message of the activation at each cut
+(:meth:`~hpctp.nn.pipeline_parallel.Schedule.simulate`); its idle time is the bubble.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..layout import FlatPacking, block_range, grid_coords
+from ..nn.pipeline_parallel import balanced_cuts, pipeline_schedule
+from .layers import FLOPS_OVERRIDES, Message, Site, layer_messages, loss_messages
+from .machine import MachineProfile
+from .memory import Shares, buckets, shares
+from .model import Candidate, TimeBreakdown
+from .workload import OUTSIDE, LayerInfo, Workload
+
+__all__ = [
+    "OPTIMIZER_KERNELS",
+    "LayerCost",
+    "data_messages",
+    "layer_cost",
+    "message_parts",
+    "message_time",
+    "predict_time",
+    "stage_cuts",
+    "step_messages",
+]
+
+OPTIMIZER_KERNELS = 10
+"""Kernels the optimizer launches per parameter tensor it steps (Adam's foreach updates on the host)."""
+
+
+@dataclass
+class LayerCost:
+    """Local. One module's cost per micro-batch on the rank: seconds of computation and of exposed messages per
+    role, forward and backward; its flops; its kernel launches."""
+
+    fwd: float = 0.0
+    bwd: float = 0.0
+    comm_fwd: dict[str, float] = field(default_factory=dict)
+    comm_bwd: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0
+    kernels: float = 0.0
+    messages: list[Message] = field(default_factory=list)
+
+
+def message_time(m: Message, cand: Candidate, machine: MachineProfile, full_axes: tuple[int, ...]) -> float:
+    """Local. Seconds of message ``m`` on ``machine`` (``full_axes``: its axes on the plan's whole grid)."""
+    return sum(message_parts(m, cand, machine, full_axes))
+
+
+def message_parts(
+    m: Message, cand: Candidate, machine: MachineProfile, full_axes: tuple[int, ...]
+) -> tuple[float, float]:  # fmt: skip
+    """Local. Message ``m``'s latency and its bandwidth time on ``machine``: a layer that overlaps its messages with
+    its computation hides only the latter (each piece of a ring or halo must arrive before it is used)."""
+    dims = cand.dims
+    level = machine.level(dims, full_axes)
+    q = math.prod(dims[a] for a in full_axes)
+    if m.kind == "p2p":
+        link = machine.link(level, "p2p")
+        return m.count * link.alpha, max(m.sent, m.recv) * link.beta
+    whole = machine.message_time(m.kind, m.nbytes, q, level)
+    latency = machine.message_time(m.kind, 1, q, level)
+    return latency, whole - latency
+
+
+def _site(info: LayerInfo, cand: Candidate, sh: Shares, work: Workload, coords: tuple[int, ...]) -> Site:
+    nsp = len(cand.spatial)
+    dims = (*cand.spatial, cand.tensor)
+    field = work.sample.field
+    inputs = info.inputs.at(sh.batch, field) if info.inputs is not None else None
+    output = info.output.at(sh.batch, field) if info.output is not None else None
+    return Site(dims, coords, tuple(range(nsp)), nsp,
+                inputs, output,
+                {d: fd for d, (fd, _) in info.inputs.spatial.items()} if info.inputs is not None else {},
+                {d: fd for d, (fd, _) in info.output.spatial.items()} if info.output is not None else {},
+                work.sample.itemsize, work.sample.tensor_units)  # fmt: skip
+
+
+def _full_axes(m: Message, cand: Candidate) -> tuple[int, ...]:
+    """Model-grid axes (spatial..., tensor) -> the plan's grid (pipeline, data, spatial..., tensor)."""
+    return tuple(2 + a for a in m.axes)
+
+
+def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, machine: MachineProfile,
+               coords: tuple[int, ...] | None = None) -> LayerCost:  # fmt: skip
+    """Local. ``info``'s cost per micro-batch on the busiest rank (see the module docstring)."""
+    rates = machine.rates(work.sample.dtype)
+    share = sh.tensor if info.tensor else 1.0
+    flops: dict[str, dict[str, float]] = {"fwd": defaultdict(float), "bwd": defaultdict(float)}
+    for (phase, cat), fit in info.flops.items():
+        flops[phase][cat] += fit(sh.batch, sh.points, sh.whole) * share
+    if coords is None:
+        coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
+    site = _site(info, cand, sh, work, coords)
+    override = next((fn for cls, fn in FLOPS_OVERRIDES.items() if isinstance(info.module, cls)), None)
+    if override is not None:
+        extra = override(info.module, site)
+        if extra:
+            for phase in ("fwd", "bwd"):
+                for cat in ("fft", "gemm", "gemm_small"):
+                    flops[phase].pop(cat, None)
+            for (phase, cat), v in extra.items():
+                flops[phase][cat] += v
+    cost = LayerCost()
+    compute = {}
+    for phase in ("fwd", "bwd"):
+        small = flops[phase].pop("gemm_small", 0.0)
+        t = sum(v / rates.rate(cat) for cat, v in flops[phase].items()) + rates.gemm_half * small / rates.gemm
+        ew = info.elementwise.get(phase)
+        if ew is not None:
+            t += ew(sh.batch, sh.points) * share / rates.bandwidth
+        compute[phase] = t
+        cost.flops += sum(flops[phase].values())
+        cost.kernels += info.kernels.get(phase, 0.0)
+    msgs = [] if info.fqn == OUTSIDE else layer_messages(info.module, site, info.tensor)
+    cost.messages = msgs
+    for phase in ("fwd", "bwd"):
+        hidden = 0.0
+        exposed: dict[str, float] = defaultdict(float)
+        for m in msgs:
+            if m.phase != phase:
+                continue
+            latency, volume = message_parts(m, cand, machine, _full_axes(m, cand))
+            if m.overlap:
+                exposed[m.role] += latency
+                hidden += volume
+            else:
+                exposed[m.role] += latency + volume
+        if hidden > compute[phase]:
+            role = next(m.role for m in msgs if m.phase == phase and m.overlap)
+            exposed[role] += hidden - compute[phase]
+        setattr(cost, phase, compute[phase])
+        (cost.comm_fwd if phase == "fwd" else cost.comm_bwd).update(exposed)
+    return cost
+
+
+def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:
+    """Local. Cut points of the model's units (but the first, the model's own, in forward order) into ``parts``
+    pipeline stages of balanced flops (one sample on the trace's field), by :func:`hpctp.nn.pipeline_parallel.balanced_cuts`."""
+    key = ("cuts", parts)
+    if key not in work.cache:
+        costs = []
+        pts = float(math.prod(work.probe_field))
+        for u in work.units[1:]:
+            c = 0.0
+            for fqn in u.layers:
+                info = work.layers.get(fqn)
+                if info is not None:
+                    c += sum(fit(1, pts, pts) for cat, fit in info.flops.items() if cat[1] != "gemm_small")
+            costs.append(c + 1e-9)
+        work.cache[key] = balanced_cuts(costs, parts)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _simulate(name: str, p: int, m: int, v: int, f: float, b: float, w: float, latency: float) -> tuple[float, float]:
+    """Step time and the busiest rank's computation of a schedule with uniform stage costs (simulated in units of
+    ``f``, with the other costs rounded to a tenth of it: schedules that differ by less share one simulation)."""
+    if f <= 0:
+        return 0.0, 0.0
+    step, busy = _simulate_units(name, p, m, v, round(b / f, 1), round(w / f, 1), round(latency / f, 1))
+    return step * f, busy * f
+
+
+@lru_cache(maxsize=4096)
+def _simulate_units(name: str, p: int, m: int, v: int, b: float, w: float, latency: float) -> tuple[float, float]:
+    timeline = pipeline_schedule(name, p, m, v).simulate({"F": 1.0, "B": b, "W": w}, latency)
+    return timeline.step, max(timeline.busy(r) for r in range(p))
+
+
+def predict_time(
+    work: Workload, cand: Candidate, sh: Shares, machine: MachineProfile, costs: dict[str, LayerCost],
+    host_scale: float, asynchronous: bool,
+) -> tuple[TimeBreakdown, list[int], int]:  # fmt: skip
+    """Local. The step time of ``cand``; also the parameters of the busiest stage and its index.
+
+    Parameters
+    ----------
+    work : Workload
+    cand : Candidate
+    sh : Shares
+    machine : MachineProfile
+    costs : dict
+        ``fqn -> LayerCost`` per micro-batch (:func:`layer_cost`) of every module that ran.
+    host_scale : float
+        Seconds of host time on the machine per second of the host time the trace measured here.
+    asynchronous : bool
+        Kernels run asynchronously to the host (GPUs): host time overlaps them.
+
+    Returns
+    -------
+    TimeBreakdown, list of int, int
+    """
+    rates = machine.rates(work.sample.dtype)
+    comm: dict[str, float] = defaultdict(float)
+    m = cand.microbatches
+
+    def unit_cost(layers: Sequence[str]) -> tuple[float, float, dict[str, float], float]:
+        f = b = fl = 0.0
+        cm: dict[str, float] = defaultdict(float)
+        for fqn in layers:
+            c = costs.get(fqn)
+            if c is None:
+                continue
+            f += c.fwd
+            b += c.bwd
+            fl += c.flops
+            for role, t in c.comm_fwd.items():
+                cm[role] += t
+            for role, t in c.comm_bwd.items():
+                cm[role] += t
+        return f, b, cm, fl
+
+    rc = cand.recompute and (True, 0) in work.host
+    measured = work.host.get((rc, cand.zero))
+    kernels = sum(c.kernels for c in costs.values())
+    host_total = (measured[0] + measured[1]) * host_scale if measured else kernels * rates.kernel  # per micro-batch
+    stages_params: list[int] = list(range(len(work.params)))
+    busiest = 0
+    if cand.pipeline == 1:
+        f, b, cm, fl = unit_cost(list(costs))
+        host = host_total * m
+        device = m * (f + b)
+        compute = max(device, host) if asynchronous else device + host
+        for role, t in cm.items():
+            comm[role] += m * t
+        bubble = 0.0
+        flops = m * fl
+        bwd_time = m * b
+    else:
+        parts = cand.pipeline * cand.chunks
+        cuts = stage_cuts(work, parts)
+        root = work.units[0]
+        rf, rb, rcm, rfl = unit_cost(root.layers)
+        per_stage = []
+        for k in range(parts):
+            layers = [fqn for u in work.units[1 + cuts[k] : 1 + cuts[k + 1]] for fqn in u.layers]
+            f, b, cm, fl = unit_cost(layers)
+            per_stage.append((f + rf / parts, b + rb / parts, cm, fl + rfl / parts, layers))
+        # the rank of the slowest stages: stages r, r + p, ... (looped placement)
+        rank_load = [sum(per_stage[s][0] + per_stage[s][1] for s in range(r, parts, cand.pipeline))
+                     for r in range(cand.pipeline)]  # fmt: skip
+        busiest = max(range(cand.pipeline), key=lambda r: rank_load[r])
+        mine = list(range(busiest, parts, cand.pipeline))
+        fmax = max(s[0] for s in per_stage)
+        bmax = max(s[1] for s in per_stage)
+        host_stage = host_total / parts
+        if asynchronous:
+            fmax, bmax = max(fmax, host_stage / 2), max(bmax, host_stage / 2)
+        else:
+            fmax += host_stage / 2
+            bmax += host_stage / 2
+        boundary = _boundary_bytes(work, sh)
+        lat = machine.message_time("p2p", boundary, 2, machine.level(cand.dims, (0,)))
+        split = cand.schedule == "zero_bubble"
+        fb = (fmax, bmax / 2 if split else bmax, bmax / 2 if split else 0.0)
+        step0, busy = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, 0.0)
+        step1, _ = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, lat)
+        compute = busy
+        bubble = max(0.0, step0 - busy)
+        comm["pipeline"] += max(0.0, step1 - step0)
+        for s in mine:
+            for role, t in per_stage[s][2].items():
+                comm[role] += m * t
+        flops = m * sum(per_stage[s][3] for s in mine)
+        bwd_time = m * sum(per_stage[s][1] for s in mine)
+        stage_units = [u for s in mine for u in work.units[1 + cuts[s] : 1 + cuts[s + 1]]]
+        stages_params = sorted({i for u in stage_units for i in u.params} | set(root.params))
+    # the loss: one small all-reduce per micro-batch over the data and spatial axes
+    for msg in _loss(cand, work):
+        comm["data"] += m * message_time(msg, cand, machine, msg.axes)
+    # data parallelism
+    data_comm, opt = _data_parallel(work, cand, machine, stages_params, bwd_time, rates.bandwidth, rates.kernel)
+    if measured:  # the step as measured on one rank (the wrapper's work and Adam's), Adam's share on this rank's slices
+        whole, own = _optimizer_elements(work, cand, stages_params)
+        opt = measured[2] * host_scale * (own / whole if whole else 1.0)
+    comm["data"] += data_comm
+    return TimeBreakdown(compute, {k: v for k, v in comm.items() if v > 0}, bubble, opt, flops), stages_params, busiest
+
+
+def _loss(cand: Candidate, work: Workload) -> list[Message]:
+    """The loss's all-reduces on the grid the plan runs on: its pipeline axis only with a pipeline, its tensor axis only
+    when the model splits its weights over one (as ``apps.surrogate`` builds its grid)."""
+    whole = cand.pipeline == 1 and cand.tensor == 1
+    return loss_messages((1, *cand.axes["spatial"]), cand.dims, whole)
+
+
+def _boundary_bytes(work: Workload, sh: Shares) -> float:
+    """Bytes of the activation crossing a pipeline cut per micro-batch: the largest output of a unit."""
+    key = ("boundary", sh.batch, sh.points)
+    if key not in work.cache:
+        work.cache[key] = _boundary(work, sh)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _boundary(work: Workload, sh: Shares) -> float:
+    best = 0.0
+    for u in work.units[1:]:
+        info = work.layers.get(u.fqn)
+        if info is not None and info.output is not None:
+            shape = info.output.at(sh.batch, work.sample.field)
+            scale = sh.points / sh.whole if info.output.spatial else 1.0
+            best = max(best, math.prod(shape) * scale * work.sample.itemsize)
+    return best
+
+
+def data_messages(
+    work: Workload, cand: Candidate, params: list[int] | None = None, data_rank: int = 0
+) -> list[Message]:
+    """Local. The messages of :class:`hpctp.nn.ShardedDataParallel` on data rank ``data_rank`` in one step (``axes``:
+    axes of the plan's whole grid): gradients in ``"bwd"``, the slices' spatial sums and the gathers after the step
+    in ``"step"``, stage 3's unit gathers in ``"fwd"`` and ``"bwd"``; as :class:`hpctp.CommCounter` counts them."""
+    dims = cand.dims
+    d = cand.data
+    spatial = tuple(a for a in cand.axes["spatial"] if dims[a] > 1)
+    out: list[Message] = []
+    gathers: list[Message] = []
+    for b in buckets(work, cand, params):
+        item = b.itemsize
+        pack = FlatPacking(tuple((n,) for n in b.sizes), d)
+        counts = pack.counts
+        mine = counts[data_rank]
+        axes = (1,) + (spatial if b.spatial else ())
+        q = math.prod(dims[a] for a in axes)
+        if cand.zero <= 1:
+            if q > 1:
+                n = b.numel * item
+                out.append(Message("bwd", "Iallreduce", "allreduce", axes, n, n, n, 1, True, "data"))
+        else:
+            if d > 1:
+                for i in range(len(b.sizes)):
+                    c = pack.tensor_counts(i)
+                    others = sum(c) - c[data_rank]
+                    out.append(Message("bwd", "Ireduce_scatter", "reduce_scatter", (1,), sum(c) * item, others * item,
+                                       c[data_rank] * item * (d - 1), sum(1 for r, x in enumerate(c) if x and r != data_rank),
+                                       True, "data"))  # fmt: skip
+            if b.spatial and spatial:
+                n = mine * item
+                out.append(Message("step", "Iallreduce", "allreduce", spatial, n, n, n, 1, False, "data"))
+        if d > 1 and cand.zero >= 1:
+            sent, recv = mine * item * (d - 1), (b.numel - mine) * item
+            msg = Message("step", "Iallgatherv", "allgather", (1,), b.numel * item, sent, recv, d - 1 if mine else 0,
+                          False, "data")  # fmt: skip
+            if cand.zero in (1, 2):
+                out.append(msg)
+            else:
+                gathers += [dataclasses.replace(msg, phase="fwd"), dataclasses.replace(msg, phase="bwd")]
+    return out + gathers
+
+
+def _optimizer_elements(work: Workload, cand: Candidate, params: list[int]) -> tuple[int, int]:
+    """Elements Adam steps on one rank of the whole model, and on this rank under ``cand``."""
+    whole = sum(p.numel for p in work.params)
+    bks = buckets(work, cand, params)
+    return whole, sum(b.numel if cand.zero == 0 else b.slice(cand.data) for b in bks)
+
+
+def _data_parallel(
+    work: Workload, cand: Candidate, machine: MachineProfile, params: list[int], bwd_time: float, bandwidth: float,
+    kernel: float,
+) -> tuple[float, float]:  # fmt: skip
+    """Exposed seconds of the gradient and parameter messages (those of :func:`data_messages`), and of the optimizer
+    step."""
+    bks = buckets(work, cand, params)
+    dims, d = cand.dims, cand.data
+    spatial = tuple(a for a in cand.axes["spatial"] if dims[a] > 1)
+    data_level = machine.level(dims, (1,))
+    grads: list[float] = []
+    gathers: list[float] = []
+    after = 0.0
+    for b in bks:
+        n = b.numel * b.itemsize
+        axes = (1,) + (spatial if b.spatial else ())
+        q = math.prod(dims[a] for a in axes)
+        if cand.zero <= 1:
+            grads.append(machine.message_time("allreduce", n, q, machine.level(dims, axes)))
+        else:
+            # (a bucket's reduce-scatters, one per parameter, are in flight together: their latencies overlap)
+            grads.append(machine.message_time("reduce_scatter", b.numel * b.itemsize, d, data_level))
+            if b.spatial and spatial:
+                q = math.prod(dims[a] for a in spatial)
+                after += machine.message_time("allreduce", b.slice(d) * b.itemsize, q, machine.level(dims, spatial))
+        if cand.zero in (1, 2):
+            after += machine.message_time("allgather", n, d, data_level)
+        elif cand.zero == 3:
+            gathers += [machine.message_time("allgather", n, d, data_level)] * 2
+    exposed = 0.0
+    if grads:  # they overlap backward; the last bucket's cannot
+        exposed = max(grads[-1], sum(grads) - bwd_time)
+    if gathers:  # stage 3: each unit's gather prefetched behind the unit before it
+        exposed += max(max(gathers), sum(gathers) - 2 * bwd_time)
+    # the optimizer: reads parameter, gradient, two moments; writes parameter, two moments
+    elems = sum(b.numel if cand.zero == 0 else b.slice(d) for b in bks)
+    item = max((b.itemsize for b in bks), default=4)
+    tensors = len(params) if cand.zero == 0 else len(bks)
+    opt = 7 * elems * item / bandwidth + OPTIMIZER_KERNELS * tensors * kernel
+    return exposed + after, opt
+
+
+def step_messages(work: Workload, cand: Candidate, rank: int) -> list[Message]:
+    """Local. Every message rank ``rank`` of ``cand``'s grid sends in one step without a pipeline: its layers' (at its
+    own coordinates and its data group's samples), the loss's and the data-parallel wrapper's; ``axes`` of layer
+    messages are model-grid axes, of the others whole-grid axes. What :class:`hpctp.CommCounter` counts there.
+
+    Raises
+    ------
+    ValueError
+        For a pipeline plan (its messages depend on the runtime) or a rank outside the grid.
+    """
+    if cand.pipeline > 1:
+        raise ValueError("step_messages prices plans without a pipeline")
+    if not 0 <= rank < cand.ranks:
+        raise ValueError(f"rank {rank} is outside the {cand.ranks} ranks of {cand.label()}")
+    coords = grid_coords(rank, cand.dims)
+    lo, hi = block_range(work.sample.batch, cand.data, coords[1])
+    sh = dataclasses.replace(shares(work.sample, cand), batch=hi - lo, samples=hi - lo)
+    out: list[Message] = []
+    for fqn, info in work.layers.items():
+        if fqn == OUTSIDE:
+            continue
+        for _ in range(max(info.calls, 1)):
+            out += layer_messages(info.module, _site(info, cand, sh, work, tuple(coords[2:])), info.tensor)
+    out += _loss(cand, work)
+    return out + data_messages(work, cand, None, coords[1])
