@@ -14,8 +14,10 @@ token sequences ``[batch, --tokens, embed]``, float32, one micro-batch ``--micro
 
 * **bubble**: from each rank's timeline of the step (``PipelineParallel.timeline``: the compute actions' spans), one
   minus the time it computed over the step, averaged over the ranks; beside it the schedule's closed form (unit
-  ``F`` and ``B``; zero-bubble ``F = B = W``) and the simulator's prediction with the measured mean ``F``, ``B`` and
-  ``W`` times (:meth:`hpctp.nn.pipeline_parallel.Schedule.simulate`);
+  ``F`` and ``B``; zero-bubble ``F = B = W``) and the simulator's predictions
+  (:meth:`hpctp.nn.pipeline_parallel.Schedule.simulate`) with the measured ``F``, ``B`` and ``W`` times: their means
+  over all stages (the schedule's own bubble), and each stage's own (what stages of unequal cost add: the last stage
+  computes the loss; under zero-bubble the first stage's ``B`` is empty and its ``W`` the whole backward);
 * **activations**: the peak of live tensor bytes in a step above what is alive before it (parameters, their
   gradients kept allocated, Adam's state), from torch.profiler's memory events (:class:`hpctp.PeakMemory`), the
   largest over the ranks (stages);
@@ -83,6 +85,8 @@ def _pipeline(args: argparse.Namespace, plan: Any, schedule: str, virtual: int, 
     steps: list[float] = []
     bubbles: list[float] = []
     costs: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+    n_stages = model.schedule.n_stages
+    per_stage = np.zeros((2, 3, n_stages))  # (sum, count) x (F, B, W) x stage: this rank's stages
     for i in range(args.steps + 1):
         plan.grid.comm.Barrier()
         t0 = time.perf_counter()
@@ -94,7 +98,10 @@ def _pipeline(args: argparse.Namespace, plan: Any, schedule: str, virtual: int, 
             bubbles.append(model.idle_fraction())
             steps.append(float(slowest[0]))
             for name, s, e in model.timeline[1:]:
-                costs["W" if "W" in name else "B" if "B" in name else "F"].append(e - s)
+                kind = "W" if "W" in name else "B" if "B" in name else "F"
+                costs[kind].append(e - s)
+                k, stage = "FBW".index(kind), int(name[: name.index(kind)])  # (names such as "1B3": stage 1, B, 3)
+                per_stage[:, k, stage] += (e - s, 1)
     with hpctp.PeakMemory(tensors=True) as mem:
         model.step(x, y, loss_fn)
     mean = {k: statistics.fmean(v) if v else 0.0 for k, v in costs.items()}
@@ -105,9 +112,14 @@ def _pipeline(args: argparse.Namespace, plan: Any, schedule: str, virtual: int, 
     sched = model.schedule
     f, b_, w = table[1], table[2], table[3]
     sim = sched.simulate({"F": f, "B": b_, "W": w} if sched.split_backward else {"F": f, "B": b_}).bubble_fraction
+    hpctp.comm.allreduce(plan.grid.comm, per_stage, "sum")  # (each stage's actions run on its pipeline rank only)
+    stage_means = per_stage[0] / np.maximum(per_stage[1], 1)
+    kinds = "FBW" if sched.split_backward else "FB"
+    staged = sched.simulate({k: [float(v) for v in stage_means["FBW".index(k)]] for k in kinds}).bubble_fraction
     p = sched.p
     closed = (p - 1) / (3 * m + p - 1) if sched.split_backward else (p - 1) / (virtual * m + p - 1)
     return {"schedule": schedule, "m": m, "bubble": float(table[0]), "closed": closed, "simulated": float(sim),
+            "staged": float(staged),
             "activations": int(every.max()), "step": float(statistics.median(steps))}  # fmt: skip
 
 
@@ -165,15 +177,15 @@ def worker(args: argparse.Namespace) -> None:
 def _report(rows: list[dict[str, Any]]) -> None:
     p = rows[0]["ranks"]
     print(f"\n{p} ranks (pipeline {p}); activations: live tensor peak above a step's start, the largest stage")
-    print("| schedule | m | bubble measured | closed form | simulated (measured F, B, W) | activations [MiB] | "
-          "/ GPipe's | step [s] | / data parallel |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| schedule | m | bubble measured | closed form | simulated (mean F, B, W) | simulated (each stage's F, B, W) "
+          "| activations [MiB] | / GPipe's | step [s] | / data parallel |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     gpipe = {r["m"]: r["activations"] for r in rows if r["schedule"] == "gpipe"}
     for r in rows:
         act = r["activations"] / 2**20
         ratio = r["activations"] / gpipe[r["m"]] if r["m"] in gpipe else float("nan")
         print(f"| {r['schedule']} | {r['m']} | {r['bubble']:.3f} | {r['closed']:.3f} | {r['simulated']:.3f} | "
-              f"{act:.1f} | {ratio:.2f} | {r['step']:.3f} | {r['step'] / r['data_parallel']:.2f} |")  # fmt: skip
+              f"{r['staged']:.3f} | {act:.1f} | {ratio:.2f} | {r['step']:.3f} | {r['step'] / r['data_parallel']:.2f} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

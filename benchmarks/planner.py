@@ -13,7 +13,7 @@ surrogate's training step (:class:`hpctp.nn.ShardedDataParallel`, Adam, the glob
 device and materialized by the wrapper) and measures:
 
 * **step**: the shortest of the slowest rank's step times, over ``--steps`` steps (after two warm-up steps) in each of
-  ``--cycles`` passes over the list of plans (each pass builds every plan again): on a machine shared with other jobs
+  ``--cycles`` passes over the list of plans (each pass a job of its own, building every plan again): on a machine shared with other jobs
   the shortest time is the one least disturbed by them;
 * **memory** (the measure the predictions are compared with): the live tensors of one more step, torch.profiler's
   allocation events (:class:`hpctp.PeakMemory` ``tensors=True``: what the allocator was asked for, without what it
@@ -24,8 +24,9 @@ device and materialized by the wrapper) and measures:
 The models are the surrogate configs of ``apps/configs`` (``vit.toml``, ``default.toml``: the FNO) with ``--set``
 overrides, and a wide FNO (``--wide-width`` channels) whose state exceeds ``--wide-memory`` on one rank; the planner
 gets ``--memory`` per rank for the first two and ``--wide-memory`` for the wide one, and for the wide one the
-worker also runs every plan predicted not to fit, to check it indeed exceeds the budget. Pipeline plans run only if
-``hpctp.nn.PipelineParallel`` exists (else they are left out of the search, with a note). Printed: one table per
+worker also runs every plan predicted not to fit, to check it indeed exceeds the budget. Pipeline plans (the ViT is
+a chain of layers) run through :class:`hpctp.nn.PipelineParallel`, its stages cut by its default (parameter
+counts); ``--no-pipeline`` leaves them out of the search. Printed: one table per
 model and rank count (predicted and measured memory and step time per plan), the targets (memory error per plan,
 Spearman's rank correlation of the step times, the top pick's gap to the fastest measured plan, the budget check)
 and, with ``--projection``, the ViT surrogate at about 1 and 10 billion parameters on 4096 x 4096 fields at 64, 512
@@ -73,7 +74,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--machine", default=None, help="machine file (default: calibrate on each rank count)")
     p.add_argument("--out", default=str(ROOT / "build" / "planner"), help="where machine files and results go")
     p.add_argument("--projection", action="store_true", help="only the table of H100 projections")
+    p.add_argument("--no-pipeline", dest="pipeline", action="store_false", help="leave pipeline plans out")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-memory", dest="memory", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--model", default="fno", help=argparse.SUPPRESS)
     p.add_argument("--plans", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -109,23 +112,30 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
     import hpctp
     from apps.surrogate.autoplan import planning_inputs
     from hpctp._util.memory import resident_bytes
-    from hpctp.nn import ParallelPlan, ShardedDataParallel, global_mse_loss
+    from hpctp.nn import ParallelPlan, PipelineParallel, ShardedDataParallel, global_mse_loss
 
     inputs = planning_inputs(cfg)
     smp = inputs["sample"]
     nsp = len(cand.spatial)
-    dims = (cand.data, *cand.spatial) + ((cand.tensor,) if cand.tensor > 1 else ())
+    pipe = (cand.pipeline,) if cand.pipeline > 1 else ()
+    dims = (cand.data, *pipe, *cand.spatial) + ((cand.tensor,) if cand.tensor > 1 else ())
+    first = 1 + len(pipe)
     before = resident_bytes()
     with hpctp.PeakMemory(baseline=before) as resident:
         grid = hpctp.ProcessGrid(dims, comm=MPI.COMM_WORLD)
-        plan = ParallelPlan(grid, data=(0,), spatial=tuple(range(1, 1 + nsp)),
-                            tensor=(1 + nsp,) if cand.tensor > 1 else ())  # fmt: skip
+        plan = ParallelPlan(grid, data=(0,), pipeline=(1,) if pipe else (), spatial=tuple(range(first, first + nsp)),
+                            tensor=(first + nsp,) if cand.tensor > 1 else ())  # fmt: skip
         with torch.device("meta"):
             model = inputs["builder"](plan)
         if cand.recompute:
             inputs["recompute"](model)
-        sdp = ShardedDataParallel(model, plan, stage=cand.zero, seed=0)
-        opt = torch.optim.Adam(sdp.parameters(), lr=1e-4)
+        wrapped: Any
+        if pipe:  # (stages cut by PipelineParallel's default: parameter counts)
+            wrapped = PipelineParallel(model, plan, schedule=cand.schedule, microbatches=cand.microbatches,
+                                       virtual=cand.chunks, zero=cand.zero or None, seed=0)  # fmt: skip
+        else:
+            wrapped = ShardedDataParallel(model, plan, stage=cand.zero, seed=0)
+        opt = torch.optim.Adam(wrapped.parameters(), lr=1e-4)
         lo, hi = plan.sample_range(smp.batch)
         g = torch.Generator().manual_seed(0)
         whole = torch.randn(smp.shape, generator=g, dtype=smp.torch_dtype)
@@ -134,14 +144,21 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
         del whole
         x = hpctp.DistTensor(block, plan.model_grid, lay)
         y = torch.roll(block, 1, dims=-1).contiguous()
+        yd = hpctp.DistTensor(y, plan.model_grid, lay)
+
+        def loss_fn(pred: Any, target: Any) -> Any:
+            return global_mse_loss(pred.local, target.local, plan.grid, plan.loss_axes)
 
         def step() -> None:
-            sdp.zero_grad(set_to_none=True)
+            wrapped.zero_grad(set_to_none=True)
             opt.zero_grad(set_to_none=True)
-            pred = sdp(x)
+            if pipe:
+                wrapped.step(x, yd, loss_fn, optimizer=opt)
+                return
+            pred = wrapped(x)
             loss = global_mse_loss(pred.local, y, plan.grid, plan.loss_axes)
             loss.backward()
-            sdp.step(opt)
+            wrapped.step(opt)
 
         for _ in range(2):
             step()
@@ -154,8 +171,8 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
             cpus.append(float(cpu[0]))
     out = {"label": cand.label(), "step": float(np.min(times)), "cpu": float(np.min(cpus)), "memory": 0, "resident": 0}
     if memory:
-        sdp.zero_grad(set_to_none=True)  # (as a step starts: the last step's gradients are dropped)
-        held = [*model.parameters(), *sdp.parameters(), x.local, y]
+        wrapped.zero_grad(set_to_none=True)  # (as a step starts: the last step's gradients are dropped)
+        held = [*model.parameters(), *wrapped.parameters(), x.local, y]
         held += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
         entry = _state_bytes(held)
         del held
@@ -180,8 +197,9 @@ def worker(args: argparse.Namespace) -> None:
     best: dict[str, dict[str, Any]] = {}
     for cycle in range(args.cycles):
         for spec in json.loads(args.plans):
-            cand = Candidate(spec["data"], tuple(spec["spatial"]), spec["tensor"], 1, spec["zero"], spec["recompute"])
-            row = _run_plan(cfg, cand, args.steps, memory=cycle == 0)
+            cand = Candidate(spec["data"], tuple(spec["spatial"]), spec["tensor"], spec["pipeline"], spec["zero"],
+                             spec["recompute"], spec["schedule"], spec["microbatches"], spec["chunks"])  # fmt: skip
+            row = _run_plan(cfg, cand, args.steps, memory=cycle == 0 and args.memory)
             gc.collect()  # (the wrapper's hooks make cycles: free each plan's tensors before the next)
             prev = best.setdefault(row["label"], row)
             prev["step"] = min(prev["step"], row["step"])
@@ -231,7 +249,17 @@ def _machine(args: argparse.Namespace, n: int) -> str:
 
 
 def _spec(c: Any) -> dict[str, Any]:
-    return {"data": c.data, "spatial": list(c.spatial), "tensor": c.tensor, "zero": c.zero, "recompute": c.recompute}
+    return {
+        "data": c.data,
+        "spatial": list(c.spatial),
+        "tensor": c.tensor,
+        "zero": c.zero,
+        "recompute": c.recompute,
+        "pipeline": c.pipeline,
+        "schedule": c.schedule,
+        "microbatches": c.microbatches,
+        "chunks": c.chunks,
+    }
 
 
 def _mib(n: float) -> str:
@@ -247,24 +275,26 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
     cfg = _config(args, model)
     inputs = planning_inputs(cfg)
     budget = hpctp.perf.parse_bytes(args.wide_memory if model == "wide-fno" else args.memory)
-    has_pipeline = hasattr(hpctp.nn, "PipelineParallel")
     t0 = time.perf_counter()
     report = hpctp.perf.plan(inputs["builder"], inputs["sample"], ranks=n, memory=budget, machine=machine,
-                             recompute=inputs["recompute"], pipeline=has_pipeline)  # fmt: skip
+                             recompute=inputs["recompute"], pipeline=args.pipeline)  # fmt: skip
     seconds = time.perf_counter() - t0
-    runnable = [p for p in report.ranked if p.candidate.pipeline == 1]
-    over = [p for p in report.infeasible if p.candidate.pipeline == 1] if model == "wide-fno" else []
+    runnable = list(report.ranked)
+    over = list(report.infeasible) if model == "wide-fno" else []
     todo = runnable + over
     measured: dict[str, dict[str, Any]] = {}
-    out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
-                       f"--cycles={args.cycles}", f"--plans={json.dumps([_spec(p.candidate) for p in todo])}",
-                       *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}"], jemalloc=True)  # fmt: skip
-    for line in out.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            measured[row["label"]] = row
+    for cycle in range(args.cycles):  # (one job per pass: what a pass leaves allocated ends with its processes)
+        out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
+                           "--cycles=1", f"--plans={json.dumps([_spec(p.candidate) for p in todo])}",
+                           *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
+                           *(["--no-memory"] if cycle else [])], jemalloc=True)  # fmt: skip
+        for line in out.splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                prev = measured.setdefault(row["label"], row)
+                prev["step"], prev["cpu"] = min(prev["step"], row["step"]), min(prev["cpu"], row["cpu"])
     w = report.workload
-    note = "" if has_pipeline else "; pipeline plans left out (no hpctp.nn.PipelineParallel yet)"
+    note = "" if args.pipeline else "; pipeline plans left out (--no-pipeline)"
     print(f"\n### {model} on {n} ranks: {w.param_count / 1e6:.3g} M parameters, sample {w.sample.shape}, budget "
           f"{_mib(budget)} MiB per rank; {len(report.ranked)} plans predicted to fit, {len(report.infeasible)} not "
           f"(planned in {seconds:.1f} s){note}\n")  # fmt: skip

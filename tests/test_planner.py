@@ -30,6 +30,7 @@ from hpctp.nn import (
     Upsample,
     global_mse_loss,
 )
+from hpctp.nn.pipeline_parallel import pipeline_schedule
 from hpctp.perf import Candidate, Link, PlanError, Sample, load_machine, parse_bytes, plan, trace
 from hpctp.perf.machine import collective_time
 from hpctp.perf.memory import local_numel, predict_memory, shares
@@ -287,6 +288,33 @@ def test_bad_input_gives_a_message_naming_the_fix(vit_work: Any, tmp_path: Path,
     assert "no compute rates for float64" in err
     assert cli_main(["plan", *config, "--memory", "8GiB", "--machine", "a100-hdr", "--top", "2"]) == 0
     assert "chosen:" in capsys.readouterr().out
+
+
+def test_pipeline_in_flight_follows_the_runtime_cuts_and_the_split_backward() -> None:
+    """The activations a pipeline rank holds: micro-batches cut as PipelineParallel cuts the global batch (each data
+    group its samples of each), and under zero-bubble the gradients a micro-batch holds between its B and its W."""
+    from hpctp.perf.search import _in_flight, _microbatch_sizes
+
+    assert _microbatch_sizes(6, 1, 4) == [[2, 2, 1, 1]]
+    assert _microbatch_sizes(6, 2, 2) == [[3, 0], [0, 3]]  # (each group's 3 samples fall into one micro-batch)
+    assert _microbatch_sizes(7, 2, 3) == [[3, 1, 0], [0, 1, 2]]
+    for name, p, m, v in (("gpipe", 2, 4, 1), ("1f1b", 3, 6, 1), ("interleaved", 2, 4, 2)):  # equal micro-batches
+        peaks = pipeline_schedule(name, p, m, v).simulate().peaks  # (micro-batches in flight, any chunk)
+        assert _in_flight(name, p, m, v) == tuple(k / v for k in peaks)
+    assert _in_flight("1f1b", 2, 2, 1) == (2.0, 1.0)
+    assert _in_flight("zero_bubble", 2, 2, 1) == (2.0, 4.0)  # rank 1: F0 B0 F1 B1 before W0 (its B keeps gradients)
+    assert _in_flight("1f1b", 2, 2, 1, 6, 2) == (1.5, 1.5)  # one micro-batch of 3 samples, in units of 2
+    assert _in_flight("gpipe", 2, 4, 1, 6, 1) == (3.0, 3.0)  # 2 + 2 + 1 + 1 samples, in units of 2
+    # interleaved, each rank's activations all in its first chunk (stages 0 and 1): only their forwards count
+    first = _in_flight("interleaved", 2, 4, 2, 0, 1, (1.0, 1.0, 0.0, 0.0))
+    lists = pipeline_schedule("interleaved", 2, 4, 2).simulate().spans
+    for r, spans in enumerate(lists):
+        held = peak = 0
+        for span in spans:
+            if span.action.stage < 2:
+                held += {"F": 1, "B": -1}.get(span.action.kind.value, 0)
+                peak = max(peak, held)
+        assert first[r] == peak
 
 
 def test_spearman() -> None:

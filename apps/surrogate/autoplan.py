@@ -188,8 +188,8 @@ def choose(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any) -> tuple[hpct
                                      machine=machine, recompute=inputs["recompute"],
                                      pipeline=cfg["surrogate"]["model"] in CHAINS)  # fmt: skip
             b = report.best.candidate
-            schedule = SCHEDULES.index(b.schedule) + 1 if b.schedule else 0
-            choice = [b.data, b.tensor, b.zero, int(b.recompute), b.pipeline, schedule, b.microbatches, b.chunks,
+            which = SCHEDULES.index(b.schedule) + 1 if b.schedule else 0
+            choice = [b.data, b.tensor, b.zero, int(b.recompute), b.pipeline, which, b.microbatches, b.chunks,
                       *b.spatial]  # fmt: skip
             table = report.table(top=5)
         except ValueError as e:

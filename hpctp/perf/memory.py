@@ -186,7 +186,7 @@ def _activations(trace: Trace, sh: Shares) -> np.ndarray:
 
 def predict_memory(
     work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
-    in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0,
+    in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0, boundary: float = 0.0,
 ) -> MemoryBreakdown:  # fmt: skip
     """Local. The busiest rank's peak bytes by kind (see the module docstring).
 
@@ -203,6 +203,9 @@ def predict_memory(
         The stage's share of the activations kept between forward and backward.
     stage : int
         The stage (reported).
+    boundary : float
+        Bytes a pipeline rank holds at its stages' cuts (the inputs received and outputs sent of the micro-batches
+        in flight, one output gradient), counted with the activations.
 
     Returns
     -------
@@ -220,6 +223,7 @@ def predict_memory(
     end = float(acts[trace.end_forward]) if acts.size else 0.0
     if cand.pipeline > 1 and acts.size:
         acts = acts - end + end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
+        acts = acts + boundary
     g, bwd = trace.grads, trace.backward > 0
     if z <= 1:
         grads = np.minimum(whole, g * whole + biggest) + (g * slices if z == 1 else 0.0)

@@ -169,7 +169,8 @@ def plan(
     units : callable, optional
         The model's sharding units (see :func:`hpctp.perf.trace`).
     pipeline : bool
-        Include pipeline plans.
+        Include pipeline plans: for a model that is a chain of layers (a ``torch.nn.Sequential``, which
+        :class:`hpctp.nn.PipelineParallel` cuts into stages; other models get none).
     schedules : sequence of str
         The pipeline schedules to consider.
     zero : sequence of int
@@ -202,6 +203,7 @@ def plan(
         device = "meta" if prof.asynchronous else "cpu"  # (a GPU's code paths are the non-CPU ones)
         work = trace(model, smp, recompute=recompute if recompute else None, units=units, device=device)
     prof.rates(work.sample.dtype)
+    pipeline = pipeline and isinstance(work.model, torch.nn.Sequential)
     cands = candidates(work, ranks, schedules=schedules, zero=zero, recompute=(False, True) if recompute else (False,),
                        pipeline=pipeline)  # fmt: skip
     if not cands:

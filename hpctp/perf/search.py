@@ -20,10 +20,12 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from ..nn.pipeline_parallel import SCHEDULES, pipeline_schedule
+from ..layout import block_range
+from ..nn.pipeline_parallel import SCHEDULES, ActionKind, pipeline_schedule
 from .machine import MachineProfile
 from .memory import predict_memory, shares
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
@@ -142,15 +144,59 @@ def _signature(info: LayerInfo) -> tuple[object, ...]:
             tuple(sorted((k, v.c) for k, v in info.elementwise.items())))  # fmt: skip
 
 
+def _microbatch_sizes(batch: int, data: int, m: int) -> list[list[int]]:
+    """Each data group's samples in each micro-batch, as :class:`hpctp.nn.PipelineParallel` cuts them: the global
+    batch (the groups' shares in order) into ``m`` near-equal micro-batches, each group taking its samples of each."""
+    out = []
+    for g in range(data):
+        lo, hi = block_range(batch, data, g)
+        out.append([max(0, min(b, hi) - max(a, lo)) for a, b in (block_range(batch, m, i) for i in range(m))])
+    return out
+
+
 @lru_cache(maxsize=1024)
-def _in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Micro-batches each pipeline rank holds at once (in units of one stage's activations)."""
-    return tuple(pipeline_schedule(schedule, p, m, v).simulate().peaks)
+def _in_flight(
+    schedule: str, p: int, m: int, v: int, batch: int = 0, data: int = 1, weights: tuple[float, ...] | None = None,
+    gradients: bool = True,
+) -> tuple[float, ...]:  # fmt: skip
+    """The activations each pipeline rank holds at once, in units of all its stages' activations of one micro-batch
+    of ``ceil(ceil(batch / data) / m)`` samples (the busiest data group's; ``batch`` 0: micro-batches of one size).
+    ``weights[s]``: stage ``s``'s share of its rank's activations (default ``1 / v`` each). Under a split backward
+    (zero-bubble), a micro-batch between its ``B`` and its ``W`` also holds the gradients captured at the weights'
+    boundaries (about its activations' bytes again) on every stage but the first, whose ``B`` computes nothing
+    (``gradients`` False: left out; a micro-batch is then held from its ``F`` to its ``W``)."""
+    sched = pipeline_schedule(schedule, p, m, v)
+    timeline = sched.simulate()
+    w = weights or (1.0 / v,) * (p * v)
+    groups = [[1.0] * m]
+    if batch >= m:
+        unit = math.ceil(math.ceil(batch / data) / m)
+        groups = [[n / unit for n in sizes] for sizes in _microbatch_sizes(batch, data, m)]
+    split = sched.split_backward
+    out = []
+    for spans in timeline.spans:
+        peak = 0.0
+        for sizes in groups:
+            held = 0.0
+            for span in spans:
+                a = span.action
+                pending = int(split and gradients and a.stage > 0)
+                size = sizes[a.microbatch] * w[a.stage]
+                if a.kind is ActionKind.F:
+                    held += size
+                elif a.kind is ActionKind.B:
+                    held += size * (pending if split else -1)
+                elif a.kind is ActionKind.W:
+                    held -= size * (1 + pending)
+                peak = max(peak, held)
+        out.append(peak)
+    return tuple(out)
 
 
-def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
-    """Per pipeline rank: its parameters, and the activations its stages keep at the end of forward (coefficients of
-    ``(1, b, p, b p)``, replicated and tensor-split), a rank's share of the model's own (root) ones included."""
+def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[np.ndarray]]]:
+    """Per pipeline rank: its parameters, and per stage it holds (stage ``r``, ``r + p``, ...) the activations the
+    stage keeps at the end of forward (coefficients of ``(1, b, p, b p)`` replicated over the tensor axis, then
+    divided by it), a share of the model's own (root) ones included."""
     parts = cand.pipeline * cand.chunks
     key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
     if key not in work.cache:
@@ -158,15 +204,28 @@ def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], np.nd
         cuts = stage_cuts(work, parts)
         root = work.units[0]
         zero = np.zeros(8)
-        root_kept = sum((trace.retained.get(f, zero) for f in root.layers), zero) / cand.pipeline
+        root_kept = sum((trace.retained.get(f, zero) for f in root.layers), zero) / parts
         out = []
         for r in range(cand.pipeline):
-            units = [u for s in range(r, parts, cand.pipeline) for u in work.units[1 + cuts[s] : 1 + cuts[s + 1]]]
-            params = sorted({i for u in units for i in u.params} | set(root.params))
-            kept = sum((trace.retained.get(f, zero) for u in units for f in u.layers), zero) + root_kept
-            out.append((params, kept[:4], kept[4:]))
+            stages = [work.units[1 + cuts[s] : 1 + cuts[s + 1]] for s in range(r, parts, cand.pipeline)]
+            params = sorted({i for units in stages for u in units for i in u.params} | set(root.params))
+            kept = [sum((trace.retained.get(f, zero) for u in units for f in u.layers), zero) + root_kept
+                    for units in stages]  # fmt: skip
+            out.append((params, kept))
         work.cache[key] = out
     return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _boundaries(work: Workload, cand: Candidate, sh: Any) -> list[float]:
+    """Bytes of one micro-batch crossing each pipeline cut on a rank (``out[s]``: into stage ``s``; none into the
+    first stage or out of the last): what enters the first layer of each stage, at the rank's block."""
+    parts = cand.pipeline * cand.chunks
+    cuts = stage_cuts(work, parts)
+    out = [0.0] * (parts + 1)
+    for s in range(1, parts):
+        fit = work.entering.get(work.units[1 + cuts[s]].fqn)
+        out[s] = fit(sh.batch, sh.points) if fit is not None else 0.0
+    return out
 
 
 def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
@@ -181,11 +240,24 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
         work.cache[key] = sum(trace.retained.values(), np.zeros(8))
     whole = work.cache[key]
     total = float(whole[:4] @ f + sh.tensor * (whole[4:] @ f)) or 1.0
-    peaks = _in_flight(cand.schedule, cand.pipeline, cand.microbatches, cand.chunks)
+    parts = _stage_parts(work, cand)
+    p, v = cand.pipeline, cand.chunks
+    weights = [1.0 / v] * (p * v)
+    shares_of = []
+    for r, (_, kept) in enumerate(parts):
+        mine = [float(k[:4] @ f + sh.tensor * (k[4:] @ f)) for k in kept]
+        shares_of.append(sum(mine) / total)
+        for c, k in enumerate(mine):
+            weights[r + c * p] = k / sum(mine) if sum(mine) > 0 else 1.0 / v
+    peaks = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data,
+                       tuple(round(x, 6) for x in weights))  # fmt: skip
+    held = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data, gradients=False)
+    cross = _boundaries(work, cand, sh)
     best: MemoryBreakdown | None = None
-    for r, (params, rep, split) in enumerate(_stage_parts(work, cand)):
-        share = float(rep @ f + sh.tensor * (split @ f)) / total
-        m = predict_memory(work, cand, sh, params, peaks[r] / cand.chunks, share, r)
+    for r, (params, _) in enumerate(parts):
+        mine = [cross[s] + cross[s + 1] for s in range(r, p * v, p)]  # (each stage's input and output)
+        boundary = held[r] * sum(mine) + max(cross[s + 1] for s in range(r, p * v, p))
+        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary)
         if best is None or m.total > best.total:
             best = m
     assert best is not None  # (pipeline >= 2: the loop ran)

@@ -328,6 +328,9 @@ class Workload:
         kernel launches and the optimizer's memory traffic).
     model : torch.nn.Module
         The traced model (on ``meta``; its modules carry the hyperparameters the message models read).
+    entering : dict
+        ``fqn -> Bilinear``: bytes of the tensors that enter each of the model's children (of ``b`` samples of
+        ``p`` points): what crosses a pipeline cut before it.
     """
 
     sample: Sample
@@ -341,6 +344,7 @@ class Workload:
     model: torch.nn.Module
     probe_field: tuple[int, ...] = ()
     device: str = "cpu"
+    entering: dict[str, Bilinear] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # (the planner's memo)
 
     @property
@@ -549,6 +553,7 @@ class _Run:
     shapes: dict[str, tuple[tuple[int, ...] | None, tuple[int, ...] | None]]
     calls: dict[str, int]
     order: list[str]
+    entering: dict[str, int] = field(default_factory=dict)  # unit fqn -> bytes of the tensors it was called with
 
 
 def _probe_plan(nspatial: int, tensor: bool) -> ParallelPlan:
@@ -680,10 +685,15 @@ def _run_probe(
     owners = _Owners()
     probe = _Probe(owners, split_of, skip)
 
+    entering: dict[str, int] = {}
+    children = {id(c) for c in model.children()}
+
     def pre(module: torch.nn.Module, args: Any) -> None:
         name = names.get(id(module))
         if name is not None:
             owners.stack.append(name)
+            if id(module) in children and name not in entering:  # (a chain's boundaries: what enters each layer)
+                entering[name] = sum(t.numel() * t.element_size() for t in _tensors(args))
 
     def post(module: torch.nn.Module, args: Any, output: Any) -> None:
         name = names.get(id(module))
@@ -703,7 +713,7 @@ def _run_probe(
             h.remove()
     probe._snapshot()
     return _Run(probe.snapshots, probe.snapshot_owner, probe.end_forward, dict(probe.flops), dict(probe.kernels),
-                dict(probe.elementwise), shapes, calls, order)  # fmt: skip
+                dict(probe.elementwise), shapes, calls, order, entering)  # fmt: skip
 
 
 def _geometry(
@@ -883,8 +893,9 @@ def _trace(
     for v in variants.values():
         for layer in v.values():
             layer.unit = index[unit_fqns[layer.unit]]
+    entering = {fqn: Bilinear.fit([r.entering.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].entering}
     return Workload(sample, params, layers, ranked, traces, variants, tensor_capable, host, model, f0,
-                    "cpu" if fake else "meta")  # fmt: skip
+                    "cpu" if fake else "meta", entering)  # fmt: skip
 
 
 def _layers(

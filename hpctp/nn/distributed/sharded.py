@@ -57,8 +57,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import weakref
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -98,6 +99,19 @@ def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, dict):
         for v in value.values():
             yield from _tensors_in(v)
+
+
+def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` through a weak reference to its object: a hook that autograd keeps in C++ (a parameter's
+    post-accumulate hook, a tensor's hook) would otherwise hold the wrapper, and through it the model, in a cycle
+    that Python's garbage collector cannot see, so neither were ever freed."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return call
 
 
 class ShardedDataParallel(torch.nn.Module):
@@ -348,7 +362,9 @@ class ShardedDataParallel(torch.nn.Module):
         handles = []
         for b in self._buckets:
             for i, p in enumerate(b.params):
-                handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, b, i)))
+                handles.append(
+                    p.register_post_accumulate_grad_hook(functools.partial(_weakly(self._on_gradient), b, i))
+                )
         for u in self._units:
             handles.append(u.module.register_forward_pre_hook(functools.partial(self._before_forward, u)))
             handles.append(u.module.register_forward_hook(functools.partial(self._after_forward, u)))
@@ -420,7 +436,7 @@ class ShardedDataParallel(torch.nn.Module):
         if torch.is_grad_enabled():
             for t in _tensors_in(output):
                 if t.requires_grad:
-                    t.register_hook(functools.partial(self._before_backward, unit))
+                    t.register_hook(functools.partial(_weakly(self._before_backward), unit))
         unit.free()
 
     def _before_backward(self, unit: Unit, _grad: torch.Tensor) -> None:
