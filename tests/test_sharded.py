@@ -209,3 +209,28 @@ def test_units_argument_matches_default() -> None:
             assert_equal(grid, len(sdp._units), 4 if units is None else 1, "units")
         assert_allclose(grid, np.array(results[0]), np.array(results[1]), rtol=1e-12, what="losses")
         plan.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [0, 3])
+def test_wrapper_and_model_are_freed(stage: int) -> None:
+    """After a step, dropping the wrapper, the model and the optimizer frees them: the hooks autograd keeps in C++
+    (each parameter's post-accumulate hook, the units' output hooks) hold the wrapper weakly."""
+    import gc
+    import weakref
+
+    def run() -> tuple[weakref.ref[ShardedDataParallel], weakref.ref[torch.nn.Module]]:
+        grid = hpctp.ProcessGrid((WORLD.size,))
+        plan = ParallelPlan(grid, data=(0,))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+        sdp = ShardedDataParallel(model, plan, stage=stage, seed=0)
+        opt = _adam(sdp.parameters())
+        sdp(torch.randn(3, 4)).square().mean().backward()
+        sdp.step(opt)
+        plan.free()
+        grid.free()
+        return weakref.ref(sdp), weakref.ref(model)
+
+    refs = run()
+    gc.collect()
+    assert_all(WORLD, all(r() is None for r in refs), f"still alive: {[r() is not None for r in refs]}")
