@@ -29,7 +29,6 @@ default glibc, and jemalloc through ``LD_PRELOAD`` where ``libjemalloc.so.2`` is
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import json
 import os
 import subprocess
@@ -41,6 +40,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from hpctp._util.memory import jemalloc_library
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = {  # name: (stage, overlap, prefetch, checkpointing)
@@ -224,19 +225,13 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def _jemalloc() -> str | None:
-    for candidate in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"):
-        if Path(candidate).exists():
-            return candidate
-    found = ctypes.util.find_library("jemalloc")
-    return found if found and Path(found).is_absolute() else None
 
 
 def _launch(n: int, config: str, allocator: str, rest: list[str]) -> dict[str, Any]:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
     if allocator == "jemalloc":
-        env["LD_PRELOAD"] = _jemalloc() or ""
+        env["LD_PRELOAD"] = jemalloc_library() or ""
     if config == ONE:
         env["BENCH_THREADS"] = str(n)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--config", ONE, *rest]
@@ -288,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
-    allocators = [a for a in args.allocators if a != "jemalloc" or _jemalloc()]
+    allocators = [a for a in args.allocators if a != "jemalloc" or jemalloc_library()]
     rest = [f"--model={args.model}", f"--width={args.width}", f"--layers={args.layers}", f"--modes={args.modes}",
             f"--size={args.size}", f"--batch={args.batch}", f"--steps={args.steps}", f"--device={args.device}"]  # fmt: skip
     for n in args.ranks:

@@ -36,7 +36,6 @@ and 4096 H100 GPUs (predictions from the published figures of ``hpctp/perf/machi
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import gc
 import json
 import os
@@ -210,12 +209,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def _jemalloc() -> str | None:
-    for candidate in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"):
-        if Path(candidate).exists():
-            return candidate
-    found = ctypes.util.find_library("jemalloc")
-    return found if found and Path(found).is_absolute() else None
 
 
 def _env() -> dict[str, str]:
@@ -225,8 +218,10 @@ def _env() -> dict[str, str]:
 
 
 def _mpiexec(n: int, cmd: list[str], jemalloc: bool = False, timeout: float = 7200) -> str:
+    from hpctp._util.memory import jemalloc_library
+
     env = _env()
-    lib = _jemalloc()
+    lib = jemalloc_library()
     if jemalloc and lib:
         env["LD_PRELOAD"] = lib
     full = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable, *cmd]

@@ -3,7 +3,6 @@ slices), gradient accumulation, and stage 3's memory against one process (alloca
 
 from __future__ import annotations
 
-import ctypes.util
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from mpi4py import MPI
 
 import hpctp
 import hpctp.io
+from hpctp._util.memory import jemalloc_library
 from hpctp.comm.io_calls import bcast_bytes
 from hpctp.nn import ParallelPlan, ShardedDataParallel, global_mse_loss, global_state_dict
 from hpctp.testing import assert_all, assert_allclose, assert_equal
@@ -299,15 +299,6 @@ def test_stage3_live_tensor_peak_against_one_process() -> None:
         plan.free()
 
 
-def _jemalloc() -> str | None:
-    """The jemalloc shared library, if installed (Debian: libjemalloc2)."""
-    for candidate in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"):
-        if Path(candidate).exists():
-            return candidate
-    found = ctypes.util.find_library("jemalloc")
-    return found if found and Path(found).is_absolute() else None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(WORLD.size > 1, reason="launches its own mpiexec job; run from the 1-rank session")
@@ -316,7 +307,7 @@ def test_model_three_times_the_budget_trains_and_saves_at_4_ranks(tmp_path: Path
     4 ranks, every rank's resident memory (sampled >= 1 kHz and the kernel's high-water mark, the runtime's own
     subtracted) stays under the budget. Run under jemalloc: glibc's allocator keeps the step's freed blocks resident
     (fragmentation; benchmarks/memory.py reports both)."""
-    lib = _jemalloc()
+    lib = jemalloc_library()
     if lib is None:
         pytest.skip("needs libjemalloc.so.2 (Debian libjemalloc2; tests/system_deps.sh installs it as root)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_CVAR_"))}

@@ -14,6 +14,7 @@ CUDA and tensor figures).
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import re
 import sys
@@ -24,6 +25,16 @@ from typing import Any
 __all__ = ["PeakMemory", "resident_bytes"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def jemalloc_library() -> str | None:
+    """Local. The path of jemalloc's shared library if it is installed (Debian: ``libjemalloc2``), for ``LD_PRELOAD``
+    of a child process whose resident set should follow what it allocates (glibc keeps freed heap chunks)."""
+    for candidate in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"):
+        if os.path.exists(candidate):
+            return candidate
+    found = ctypes.util.find_library("jemalloc")
+    return found if found and os.path.isabs(found) else None
 
 
 def resident_bytes() -> int:
