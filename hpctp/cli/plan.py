@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import importlib
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from .._util.toml_config import apply_overrides, read_toml
 
 __all__ = ["SURROGATE_INPUTS", "planning_inputs", "plan_command", "calibrate_command"]
 
@@ -59,28 +60,7 @@ def planning_inputs(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
         On invalid TOML, an override of an unknown key, or a config that names no inputs function.
     """
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"config file {p} not found")
-    try:
-        cfg = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"config file {p}: {e}") from None
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like section.key=value")
-        key, text = item.split("=", 1)
-        *where, leaf = key.strip().split(".")
-        node = cfg
-        for part in where:
-            if not isinstance(node.get(part), dict):
-                raise ValueError(f"override {item!r}: unknown section {part!r}")
-            node = node[part]
-        if leaf not in node:
-            raise ValueError(f"override {item!r}: unknown key {leaf!r} (known: {sorted(node)})")
-        try:
-            node[leaf] = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            node[leaf] = text.strip()
+    cfg = apply_overrides(read_toml(p), overrides)
     spec = cfg.get("plan", {}).get("inputs") if isinstance(cfg.get("plan"), dict) else None
     if spec is None:
         if "surrogate" not in cfg:
