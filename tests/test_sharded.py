@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -214,12 +216,13 @@ def test_units_argument_matches_default() -> None:
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("stage", [0, 3])
 def test_wrapper_and_model_are_freed(stage: int) -> None:
-    """After a step, dropping the wrapper, the model and the optimizer frees them: the hooks autograd keeps in C++
-    (each parameter's post-accumulate hook, the units' output hooks) hold the wrapper weakly."""
+    """After a step, dropping the wrapper, the model and the optimizer frees them and every parameter: the hooks
+    autograd keeps in C++ (each parameter's post-accumulate hook, the units' output hooks) hold the wrapper weakly,
+    and nothing that holds the parameter."""
     import gc
     import weakref
 
-    def run() -> tuple[weakref.ref[ShardedDataParallel], weakref.ref[torch.nn.Module]]:
+    def run() -> tuple[weakref.ref[Any], ...]:
         grid = hpctp.ProcessGrid((WORLD.size,))
         plan = ParallelPlan(grid, data=(0,))
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
@@ -229,7 +232,7 @@ def test_wrapper_and_model_are_freed(stage: int) -> None:
         sdp.step(opt)
         plan.free()
         grid.free()
-        return weakref.ref(sdp), weakref.ref(model)
+        return weakref.ref(sdp), weakref.ref(model), *(weakref.ref(p) for p in sdp.parameters())
 
     refs = run()
     gc.collect()

@@ -104,7 +104,8 @@ def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
 def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
     """``method`` through a weak reference to its object: a hook that autograd keeps in C++ (a parameter's
     post-accumulate hook, a tensor's hook) would otherwise hold the wrapper, and through it the model, in a cycle
-    that Python's garbage collector cannot see, so neither were ever freed."""
+    that Python's garbage collector cannot see, so neither were ever freed. (Nor may the hook's other arguments
+    hold the parameter: a parameter's hook names its bucket by index.)"""
     ref = weakref.WeakMethod(method)
 
     def call(*args: Any) -> Any:
@@ -360,10 +361,10 @@ class ShardedDataParallel(torch.nn.Module):
 
     def _register_hooks(self) -> list[Any]:
         handles = []
-        for b in self._buckets:
+        for k, b in enumerate(self._buckets):  # (by index: a bucket holds the parameters the hook is kept on)
             for i, p in enumerate(b.params):
                 handles.append(
-                    p.register_post_accumulate_grad_hook(functools.partial(_weakly(self._on_gradient), b, i))
+                    p.register_post_accumulate_grad_hook(functools.partial(_weakly(self._on_gradient), k, i))
                 )
         for u in self._units:
             handles.append(u.module.register_forward_pre_hook(functools.partial(self._before_forward, u)))
@@ -462,7 +463,8 @@ class ShardedDataParallel(torch.nn.Module):
         finally:
             self._sync = previous
 
-    def _on_gradient(self, bucket: Bucket, index: int, param: torch.nn.Parameter) -> None:
+    def _on_gradient(self, which: int, index: int, param: torch.nn.Parameter) -> None:
+        bucket = self._buckets[which]
         grad, param.grad = param.grad, None  # [Note: gradient buffers]
         if grad is None:
             return
