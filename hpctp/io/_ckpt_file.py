@@ -5,6 +5,7 @@ See :mod:`hpctp.io.checkpoint` for the file layout.
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ import h5py
 import numpy as np
 
 from .. import comm as C
+from .._util.ints import is_int
 from ..comm import ProcessGrid
 from ._ckpt_state import Entry
 from ._files import IOKeyError, native_dtype
@@ -34,6 +36,34 @@ __all__ = [
 
 FORMAT = "hpctp-checkpoint"
 VERSION = 1
+
+
+def check_step(step: object) -> None:
+    """Local. A save's step: an int >= 0.
+
+    Raises
+    ------
+    ValueError
+        Otherwise.
+    """
+    if not is_int(step) or step < 0:  # type: ignore[operator]
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+
+
+def agree_save(
+    grid: ProcessGrid, error: Exception | None, fname: str, step: int, method: str, optimizer: object
+) -> None:
+    """Collective over grid. Every rank's ``save_checkpoint`` arguments agree, and no rank failed checking them."""
+    C.agree_arguments(grid.comm, "save_checkpoint", error, path=os.path.abspath(fname), step=step, method=method,
+                      optimizer=optimizer is not None)  # fmt: skip
+
+
+def agree_load(
+    grid: ProcessGrid, error: Exception | None, fname: str, method: str, strict: bool, optimizer: object
+) -> None:
+    """Collective over grid. Every rank's ``load_checkpoint`` arguments agree, and no rank failed checking them."""
+    C.agree_arguments(grid.comm, "load_checkpoint", error, path=os.path.abspath(fname), method=method, strict=strict,
+                      optimizer=optimizer is not None)  # fmt: skip
 
 
 def layout_text(e: Entry) -> str:

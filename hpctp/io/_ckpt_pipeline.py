@@ -22,8 +22,7 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from .._util.ints import is_int
-from ._ckpt_file import FORMAT, VERSION, class_name
+from ._ckpt_file import FORMAT, VERSION, agree_save, check_step, class_name
 from ._ckpt_plain import load_plain
 from ._ckpt_slices import Plan, load_slices, write_slices
 from ._ckpt_state import Entry, file_dtype, model_entries, optimizer_entries, storable
@@ -134,8 +133,7 @@ def save_pipeline(
     writes: list[Callable[[h5py.File], None]] = []
     try:
         fname = check_path(path)
-        if not is_int(step) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         resolved = resolve_method(method, grid.size)
         entries, scalars, writes = _own(pipe, optimizer)
         names = [n for n, _ in _layers(pipe).named_parameters()] if pipe.zero is None else [
@@ -149,10 +147,7 @@ def save_pipeline(
                           default=lambda v: v.item() if hasattr(v, "item") else str(v))  # fmt: skip
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
-    C.agree_arguments(
-        grid.comm, "save_checkpoint", error, path=os.path.abspath(fname), step=step, method=method,
-        optimizer=optimizer is not None,
-    )  # fmt: skip
+    agree_save(grid, error, fname, step, method, optimizer)
     stages = _exchange(pipe, text)
     error = None
     if len({json.dumps(d["hyper"], sort_keys=True) for d in stages}) > 1:

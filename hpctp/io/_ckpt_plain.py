@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import comm as C
 from ..comm import ProcessGrid
-from ._ckpt_file import as_tensor, check_entries, check_format, check_saved_optimizer, read_slab
+from ._ckpt_file import agree_load, as_tensor, check_entries, check_format, check_saved_optimizer, read_slab
 from ._ckpt_state import Entry, group_param_names, groups_from_json, model_entries, param_names
 from ._files import IOKeyError, check_path, resolve_method
 from .hdf5 import open_for_read
@@ -38,15 +38,7 @@ def load_plain(
         resolved = resolve_method(method, grid.size)
     except (TypeError, ValueError) as e:
         error = e
-    C.agree_arguments(
-        grid.comm,
-        "load_checkpoint",
-        error,
-        path=os.path.abspath(fname),
-        method=method,
-        strict=strict,
-        optimizer=optimizer is not None,
-    )
+    agree_load(grid, error, fname, method, strict, optimizer)
     f = open_for_read(fname, grid, resolved)
     try:
         step = 0

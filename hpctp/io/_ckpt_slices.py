@@ -24,17 +24,19 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from .._util.ints import is_int
 from ..comm import ProcessGrid
 from ..layout import Layout, flat_range_boxes
 from ._ckpt_file import (
     FORMAT,
     VERSION,
+    agree_load,
+    agree_save,
     as_tensor,
     check_entries,
     check_format,
     check_same_everywhere,
     check_saved_optimizer,
+    check_step,
     class_name,
     read_slab,
 )
@@ -147,8 +149,7 @@ def save_slices(
     layout: Plan | None = None
     try:
         fname = check_path(path)
-        if not is_int(step) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         resolved = resolve_method(method, grid.size)
         if optimizer is not None:
             sdp._check_optimizer(optimizer)
@@ -156,10 +157,7 @@ def save_slices(
         layout = Plan(sdp, optimizer)
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
-    C.agree_arguments(
-        grid.comm, "save_checkpoint", error, path=os.path.abspath(fname), step=step, method=method,
-        optimizer=optimizer is not None,
-    )  # fmt: skip
+    agree_save(grid, error, fname, step, method, optimizer)
     layout = cast(Plan, layout)  # (agreed: no rank failed)
     check_same_everywhere(grid, layout.entries, layout.groups)
     scalars = _scalars(layout, optimizer) if optimizer is not None else {}
@@ -254,10 +252,7 @@ def load_slices(
         layout = Plan(sdp, None)
     except Exception as e:  # noqa: BLE001
         error = e
-    C.agree_arguments(
-        grid.comm, "load_checkpoint", error, path=os.path.abspath(fname), method=method, strict=strict,
-        optimizer=optimizer is not None,
-    )  # fmt: skip
+    agree_load(grid, error, fname, method, strict, optimizer)
     layout = cast(Plan, layout)
     f = open_for_read(fname, grid, resolved)
     step = 0

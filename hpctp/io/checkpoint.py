@@ -23,12 +23,13 @@ import h5py
 import numpy as np
 
 from .. import comm as C
-from .._util.ints import is_int
 from ..comm import ProcessGrid, check_grid
 from ._ckpt_file import (
     FORMAT,
     VERSION,
+    agree_save,
     check_same_everywhere,
+    check_step,
     class_name,
 )
 from ._ckpt_pipeline import load_pipeline, save_pipeline
@@ -117,8 +118,7 @@ def save_checkpoint(
     try:
         fname = check_path(path)
         check_modules(model, optimizer)
-        if not is_int(step) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         resolved = resolve_method(method, grid.size)
         entries = model_entries(model, grid)
         if optimizer is not None:
@@ -127,15 +127,7 @@ def save_checkpoint(
             groups = groups_json(model, optimizer)
     except Exception as e:  # noqa: BLE001 - agree on every failure
         error = e
-    C.agree_arguments(
-        grid.comm,
-        "save_checkpoint",
-        error,
-        path=os.path.abspath(fname),
-        step=step,
-        method=method,
-        optimizer=optimizer is not None,
-    )
+    agree_save(grid, error, fname, step, method, optimizer)
     check_same_everywhere(grid, entries, groups)
 
     def prepare(f: h5py.File) -> None:
