@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.sharded import torch_step
 from mpi4py import MPI
 
 import hpctp
@@ -42,12 +43,7 @@ def _reference() -> list[float]:
     opt = torch.optim.Adam(ref.parameters(), lr=0.05)
     out = []
     for s in range(FIRST + LATER):
-        x, y = _batch(s)
-        loss = torch.nn.functional.mse_loss(ref(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(float(loss.detach()))
+        out.append(torch_step(ref, opt, *_batch(s)))
     return out
 
 
@@ -119,12 +115,7 @@ def test_restart_in_another_pipeline_and_in_one_process(
         load_checkpoint(path, plain, opt3, alone)
         losses = []
         for s in range(FIRST, FIRST + LATER):
-            x, y = _batch(s)
-            loss = torch.nn.functional.mse_loss(plain(x), y)
-            loss.backward()
-            opt3.step()
-            opt3.zero_grad()
-            losses.append(float(loss.detach()))
+            losses.append(torch_step(plain, opt3, *_batch(s)))
     with hpctp.ProcessGrid((WORLD.size,)) as world:
         assert_allclose(world, np.array(losses), np.array(want[FIRST:]), rtol=1e-10, what="losses restored alone")
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers.sharded import torch_step
 from mpi4py import MPI
 
 import hpctp
@@ -138,13 +139,7 @@ def _reference(kind: str) -> tuple[torch.nn.Module, list[float]]:
     opt = torch.optim.Adam(ref.parameters(), lr=0.05)
     losses = []
     for s in range(STEPS):
-        x, y = _batch(kind, s)
-        pred = ref(x)
-        loss = torch.nn.functional.mse_loss(pred.local if hasattr(pred, "local") else pred, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
+        losses.append(torch_step(ref, opt, *_batch(kind, s)))
     return ref, losses
 
 
@@ -361,11 +356,7 @@ def test_batches_of_every_size_down_to_the_microbatch_count() -> None:
             a, b = plan.sample_range(n)
             got.append(model.step(x[a:b], y[a:b], _loss(plan, "mlp"), optimizer=opt))
             model.zero_grad()
-            loss = torch.nn.functional.mse_loss(ref(x), y)
-            loss.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            want.append(float(loss.detach()))
+            want.append(torch_step(ref, ref_opt, x, y))
         assert_allclose(grid, np.array(got), np.array(want), rtol=1e-10, what="losses")
         plan.free()
 
@@ -439,12 +430,7 @@ def test_layout_changes_between_stages_travel_in_the_pipeline_messages(schedule:
         ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
         want = []
         for s in range(STEPS):
-            x, y = _batch("spatial", s)
-            loss = torch.nn.functional.mse_loss(ref(x), y)
-            loss.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            want.append(float(loss.detach()))
+            want.append(torch_step(ref, ref_opt, *_batch("spatial", s)))
         assert_allclose(grid, np.array(losses), np.array(want), rtol=1e-10, what="losses")
         pipe_stats = counter.per_comm.get(plan.pipeline_comm.Get_name())
         assert_equal(grid, pipe_stats.messages if pipe_stats is not None else 0, 0, "whole blocks to the counterpart")

@@ -113,14 +113,19 @@ def sdp_step(sdp: ShardedDataParallel, opt: torch.optim.Optimizer, kind: str, st
     return float(loss.detach())
 
 
-def ref_step(ref: torch.nn.Module, opt: torch.optim.Optimizer, kind: str, step: int) -> float:
-    """Local. The same step of one process on the whole batch."""
-    x, y = global_batch(kind, step)
-    loss = torch.nn.functional.mse_loss(ref(x), y)
+def torch_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Local. One optimizer step of plain torch on the MSE of ``model(x)`` (a DistTensor's block) against ``y``."""
+    pred = model(x)
+    loss = torch.nn.functional.mse_loss(getattr(pred, "local", pred), y)
     loss.backward()
     opt.step()
     opt.zero_grad()
     return float(loss.detach())
+
+
+def ref_step(ref: torch.nn.Module, opt: torch.optim.Optimizer, kind: str, step: int) -> float:
+    """Local. The same step of one process on the whole batch."""
+    return torch_step(ref, opt, *global_batch(kind, step))
 
 
 def first_ranks(n: int) -> MPI.Intracomm | None:
