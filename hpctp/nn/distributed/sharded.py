@@ -361,11 +361,11 @@ class ShardedDataParallel(torch.nn.Module):
 
     def _register_hooks(self) -> list[Any]:
         handles = []
+        on_gradient = _weakly(self._on_gradient)
+        self._weak_before_backward = _weakly(self._before_backward)  # (made once: _after_forward runs every step)
         for k, b in enumerate(self._buckets):  # (by index: a bucket holds the parameters the hook is kept on)
             for i, p in enumerate(b.params):
-                handles.append(
-                    p.register_post_accumulate_grad_hook(functools.partial(_weakly(self._on_gradient), k, i))
-                )
+                handles.append(p.register_post_accumulate_grad_hook(functools.partial(on_gradient, k, i)))
         for u in self._units:
             handles.append(u.module.register_forward_pre_hook(functools.partial(self._before_forward, u)))
             handles.append(u.module.register_forward_hook(functools.partial(self._after_forward, u)))
@@ -437,7 +437,7 @@ class ShardedDataParallel(torch.nn.Module):
         if torch.is_grad_enabled():
             for t in _tensors_in(output):
                 if t.requires_grad:
-                    t.register_hook(functools.partial(_weakly(self._before_backward), unit))
+                    t.register_hook(functools.partial(self._weak_before_backward, unit))
         unit.free()
 
     def _before_backward(self, unit: Unit, _grad: torch.Tensor) -> None:
