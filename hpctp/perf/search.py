@@ -168,10 +168,10 @@ def _in_flight(
     sched = pipeline_schedule(schedule, p, m, v)
     timeline = sched.simulate()
     w = weights or (1.0 / v,) * (p * v)
-    groups = [[1.0] * m]
-    if batch >= m:
+    groups: list[tuple[float, ...]] = [(1.0,) * m]
+    if batch >= m:  # (each distinct cut once: most data groups share one)
         unit = math.ceil(math.ceil(batch / data) / m)
-        groups = [[n / unit for n in sizes] for sizes in _microbatch_sizes(batch, data, m)]
+        groups = list(dict.fromkeys(tuple(n / unit for n in sizes) for sizes in _microbatch_sizes(batch, data, m)))
     split = sched.split_backward
     out = []
     for spans in timeline.spans:
