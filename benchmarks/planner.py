@@ -185,7 +185,8 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Collective over the world. Each plan of ``--plans`` in turn; one JSON line per plan on rank 0."""
+    """Collective over the world. One pass: each plan of ``--plans`` in turn; one JSON line per plan on rank 0 (the
+    launcher runs ``--cycles`` such jobs and keeps each plan's best)."""
     import torch
     from mpi4py import MPI
 
@@ -193,18 +194,12 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     cfg = _config(args, args.model)
-    best: dict[str, dict[str, Any]] = {}
-    for cycle in range(args.cycles):
-        for spec in json.loads(args.plans):
-            cand = Candidate(spec["data"], tuple(spec["spatial"]), spec["tensor"], spec["pipeline"], spec["zero"],
-                             spec["recompute"], spec["schedule"], spec["microbatches"], spec["chunks"])  # fmt: skip
-            row = _run_plan(cfg, cand, args.steps, memory=cycle == 0 and args.memory)
-            gc.collect()  # (the wrapper's hooks make cycles: free each plan's tensors before the next)
-            prev = best.setdefault(row["label"], row)
-            prev["step"] = min(prev["step"], row["step"])
-            prev["cpu"] = min(prev["cpu"], row["cpu"])
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        for row in best.values():
+    for spec in json.loads(args.plans):
+        cand = Candidate(spec["data"], tuple(spec["spatial"]), spec["tensor"], spec["pipeline"], spec["zero"],
+                         spec["recompute"], spec["schedule"], spec["microbatches"], spec["chunks"])  # fmt: skip
+        row = _run_plan(cfg, cand, args.steps, memory=args.memory)
+        gc.collect()  # (the wrapper's hooks make cycles: free each plan's tensors before the next)
+        if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(row), flush=True)
 
 
@@ -280,7 +275,7 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
     measured: dict[str, dict[str, Any]] = {}
     for cycle in range(args.cycles):  # (one job per pass: what a pass leaves allocated ends with its processes)
         out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
-                           "--cycles=1", f"--plans={json.dumps([_spec(p.candidate) for p in todo])}",
+                           f"--plans={json.dumps([_spec(p.candidate) for p in todo])}",
                            *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
                            *(["--no-memory"] if cycle else [])], jemalloc=True)  # fmt: skip
         for line in out.splitlines():
