@@ -16,7 +16,8 @@ Checked: plain tensors (and tuples of them) through torch layers and the user's 
 there and the rest of the chain is left to the step, where a misfit fails the step as before): a layer holding an
 hpctp layer other than :class:`~hpctp.nn.Checkpointed` (they communicate in forward: ParallelMLP, a Conv2d's
 halos, Redistribute), a DistTensor activation, a layer that cannot be copied, and a layer that fails on meta but
-runs on zeros.
+runs on zeros. Nor are the last stage's output against the targets (the loss), or failures that depend on the
+values (those still fail the step on their rank, and :func:`hpctp.cli.run_main` ends the job).
 """
 
 from __future__ import annotations
