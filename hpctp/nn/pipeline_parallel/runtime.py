@@ -14,8 +14,10 @@ action kind. Receives are posted a few actions ahead (their description known), 
 and completed at the end of the step. The global batch's loss is the sum over micro-batches of each
 micro-batch's loss (a mean over its global samples, as :func:`hpctp.nn.global_mse_loss` computes)
 weighted by its share of the batch, so uneven micro-batches and data groups give one process's loss and
-gradients; gradients are summed over micro-batches, never averaged. A failing action re-raises with the
-rank, the action and the schedule table; :func:`hpctp.cli.run_main` then ends the job.
+gradients; gradients are summed over micro-batches, never averaged. The first step of each input signature
+first walks meta copies of every layer (every rank, all stages) to find stages that do not fit together, raised on
+every rank before any activation message (:mod:`~hpctp.nn.pipeline_parallel._fit`). A failing action re-raises
+with the rank, the action and the schedule table; :func:`hpctp.cli.run_main` then ends the job.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -43,6 +45,7 @@ from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, 
 from ..spatial.redistribute import Redistribute
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
+from ._fit import check_fit, shadows, signature
 from ._messages import Described, Part, blocks_of, describe, moved, receive_description, send_description
 from ._split_backward import backward_input
 from .schedules import Schedule, pipeline_schedule
@@ -188,6 +191,8 @@ class PipelineParallel(torch.nn.Module):
             s: chain[self.cuts[s]] for s in range(1, sched.n_stages) if isinstance(chain[self.cuts[s]], Redistribute)
         }
         target = _device(device, meta)
+        self._shadows = shadows(chain)  # (meta copies of every layer, made before anything wraps them: _fit)
+        self._fits: set[tuple[Any, ...]] = set()  # the input signatures whose stages were found to fit
         kept = self._build(chain, seed, target, meta)
         self.stage_modules = torch.nn.ModuleList(kept[s] for s in self.stages)
         self.modules_of = dict(zip(self.stages, self.stage_modules))
@@ -305,10 +310,14 @@ class PipelineParallel(torch.nn.Module):
         Raises
         ------
         ValueError
-            If the batch has fewer samples than micro-batches (on every rank).
+            On every rank: if the batch has fewer samples than micro-batches; if a stage does not take the previous
+            stage's output (or a layer the previous layer's), before any activation message, naming the stages, the
+            layers at the cut, the shape and dtype given, the error and the fix (checked once per input signature
+            on meta copies of the layers; what is checked and what is not: :mod:`hpctp.nn.pipeline_parallel._fit`).
         """
         plan, sched = self.plan, self.schedule
-        sizes, weights = self._microbatches(_length(inputs))
+        shares, sizes, weights = self._microbatches(_length(inputs))
+        self._check_fit(inputs, shares, sizes)
         run = _Step(self, inputs, targets, loss_fn, sizes, weights)
         t0 = time.perf_counter()
         run.execute(sched.actions(plan.pipeline_rank))
@@ -340,9 +349,26 @@ class PipelineParallel(torch.nn.Module):
         (_, a, b), spans = self.timeline[0], self.timeline[1:]
         return 1.0 - sum(e - s for _, s, e in spans) / max(b - a, 1e-12)
 
-    def _microbatches(self, share: int) -> tuple[list[int], list[float]]:
-        """Collective over the data axes (one integer each, every step: any group's share may change alone). This
-        group's samples in each micro-batch, and each micro-batch's share of the global batch.
+    def _check_fit(self, inputs: Any, shares: tuple[int, ...], sizes: list[int]) -> None:
+        """Collective over grid, once per input signature (the data groups' shares, the inputs' shape past dim 0 and
+        dtype: the same on every rank, so every rank agrees or skips alike). Whether each layer takes the previous
+        one's output, walked on meta copies (:mod:`~hpctp.nn.pipeline_parallel._fit`).
+
+        Raises
+        ------
+        ValueError
+            On every rank, before any activation message, naming the stages that do not fit.
+        """
+        key = (shares, signature(inputs))
+        if key in self._fits:
+            return
+        device = _stage_device(self.modules_of.values())
+        check_fit(self.plan.grid.comm, self._shadows, self.cuts, self.layer_names, inputs, sizes, self.stages, device)
+        self._fits.add(key)
+
+    def _microbatches(self, share: int) -> tuple[tuple[int, ...], list[int], list[float]]:
+        """Collective over the data axes (one integer each, every step: any group's share may change alone). The
+        groups' shares, this group's samples in each micro-batch, and each micro-batch's share of the global batch.
 
         The global batch (the groups' shares in data-rank order) is cut into ``m`` near-equal micro-batches and
         each group takes its samples of each, so no micro-batch is empty everywhere (a mean over no samples)
@@ -366,7 +392,7 @@ class PipelineParallel(torch.nn.Module):
             cuts = [block_range(total, m, i) for i in range(m)]
             sizes = [max(0, min(b, hi) - max(a, lo)) for a, b in cuts]
             self._micro_of[shares] = (sizes, [(b - a) / total for a, b in cuts])
-        return self._micro_of[shares]
+        return (shares, *self._micro_of[shares])
 
     def _broadcast_loss(self, value: float) -> float:
         """Collective over grid. The last stage's loss to every rank (over the whole grid, not the pipeline axis)."""
@@ -536,10 +562,7 @@ class _Step:
         return tuple(out)
 
     def _device(self) -> torch.device:
-        for module in self.pipe.modules_of.values():
-            for p in module.parameters():
-                return p.device
-        return torch.device("cpu")
+        return _stage_device(self.pipe.modules_of.values())
 
     def receive_activation(self, a: Action) -> None:
         key = ("F", a.stage, a.microbatch)
@@ -709,6 +732,14 @@ def _device(device: Any, meta: bool) -> Any:
         return torch.device(device)
     gpu = C.current_device() if meta else None
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
+
+
+def _stage_device(modules: Iterable[torch.nn.Module]) -> torch.device:
+    """Where this rank's stages compute: their first parameter's device, else the CPU."""
+    for module in modules:
+        for p in module.parameters():
+            return p.device
+    return torch.device("cpu")
 
 
 def _length(x: Any) -> int:
