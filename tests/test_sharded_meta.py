@@ -255,6 +255,8 @@ def _live_peak(model: torch.nn.Module, step: object, opt: torch.optim.Optimizer,
     """Local. Live tensor bytes at the peak of one step (after a first step made Adam's state): what is alive on
     entry (parameters or slices, Adam's state) plus the profiler's peak above it."""
     step()  # type: ignore[operator]
+    if isinstance(model, ShardedDataParallel):
+        model.empty_cache()  # (its kept blocks are allocated again inside the measured step, so they count)
     alive = _state(params + [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.ndim])
     with hpctp.PeakMemory(tensors=True) as m:
         step()  # type: ignore[operator]

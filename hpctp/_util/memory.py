@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["PeakMemory", "resident_bytes"]
+__all__ = ["PeakMemory", "resident_bytes", "map_large_blocks"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -35,6 +35,34 @@ def jemalloc_library() -> str | None:
             return candidate
     found = ctypes.util.find_library("jemalloc")
     return found if found and os.path.isabs(found) else None
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def map_large_blocks(threshold: int) -> bool:
+    """Local. Make glibc's ``malloc`` map blocks of ``threshold`` bytes or more on their own and unmap them when freed.
+
+    glibc raises its mapping threshold each time a mapped block is freed (up to 32 MiB), after which
+    blocks of that size come from its heaps, and freed ones stay resident there among long-lived
+    small ones. A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, as ``MALLOC_MMAP_THRESHOLD_`` in
+    the environment) returns them at once, at the cost of page faults when they are touched again.
+    Process-wide. Nothing is changed (False) when the process's ``malloc`` is not glibc's (jemalloc
+    or tcmalloc through ``LD_PRELOAD``), when ``MALLOC_MMAP_THRESHOLD_`` is set (the user's choice),
+    or off Linux; True when the threshold was set.
+    """
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        process = ctypes.CDLL(None)
+    except OSError:
+        return False
+    if ctypes.cast(process.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold))) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * int(threshold))
+    )
 
 
 def resident_bytes() -> int:

@@ -39,6 +39,7 @@ import torch
 from ... import comm as C
 from ...comm import Pending
 from ...layout import FlatPacking
+from ._unit_memory import UnitMemory
 
 __all__ = ["Bucket", "InFlight", "ParamState", "resizable_view"]
 
@@ -75,11 +76,13 @@ class Bucket:
     stage : int
     device : torch.device
         Where the flat buffer and the slice live.
+    memory : UnitMemory, optional
+        Stage 3: where the flat buffer's memory comes from and goes back to (one per owner).
     """
 
     def __init__(
         self, params: list[tuple[str, torch.nn.Parameter]], axes: tuple[int, ...], plan: Any, stage: int,
-        device: torch.device,
+        device: torch.device, memory: UnitMemory | None = None,
     ) -> None:  # fmt: skip
         self.trace_label = (
             "ShardedDataParallel bucket"  # names its messages in hpctp.debug's recorder (owner sets the index)
@@ -89,6 +92,7 @@ class Bucket:
         self.axes = axes
         self.stage = stage
         self.device, self.dtype = device, self.params[0].dtype
+        self.memory = memory if memory is not None else UnitMemory()
         self.packing = FlatPacking(tuple(tuple(p.shape) for p in self.params), plan.data_size)
         self.offsets = self.packing.offsets
         self.numel = self.packing.numel
@@ -147,7 +151,7 @@ class Bucket:
         flat, shard = self._flat(), self._shard()
         storage, size = flat.untyped_storage(), flat.numel() * flat.element_size()
         if storage.nbytes() != size:
-            storage.resize_(size)
+            self.memory.attach(storage, size)
         self.gathering = C.iallgatherv(self.data_comm, shard.detach(), resizable_view(flat), self.counts)
         if self.state is ParamState.SHARDED:
             self.state = ParamState.GATHERING
@@ -178,7 +182,7 @@ class Bucket:
             for p, v in zip(self.params, self.views):
                 p.data = v
             storage = self.flat.untyped_storage()
-        storage.resize_(0)
+        self.memory.detach(storage)
 
     def _flat(self) -> torch.Tensor:
         if self.flat is None:
