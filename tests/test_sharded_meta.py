@@ -304,16 +304,20 @@ def test_stage3_live_tensor_peak_against_one_process() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(WORLD.size > 1, reason="launches its own mpiexec job; run from the 1-rank session")
-def test_model_three_times_the_budget_trains_and_saves_at_4_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_model_three_times_the_budget_trains_and_saves_at_4_ranks(tmp_path: Path, allocator: str) -> None:
     """Parameters + gradients + Adam state 3x a per-rank budget: built on meta, 2 Adam steps and a save at stage 3 on
     4 ranks, every rank's resident memory (sampled >= 1 kHz and the kernel's high-water mark, the runtime's own
-    subtracted) stays under the budget. Run under jemalloc: glibc's allocator keeps the step's freed blocks resident
-    (fragmentation; benchmarks/memory.py reports both)."""
-    lib = jemalloc_library()
-    if lib is None:
-        pytest.skip("needs libjemalloc.so.2 (Debian libjemalloc2; tests/system_deps.sh installs it as root)")
+    subtracted) stays under the budget, under the default glibc (the wrapper's reused unit memory, one block of
+    gradient slices per step and its fixed mapping threshold) and under jemalloc through LD_PRELOAD."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_CVAR_"))}
-    env.update(OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1", PYTHONUNBUFFERED="1", LD_PRELOAD=lib)
+    env.update(OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1", PYTHONUNBUFFERED="1")
+    env = {k: v for k, v in env.items() if not k.startswith(("MALLOC_", "LD_PRELOAD"))}
+    if allocator == "jemalloc":
+        lib = jemalloc_library()
+        if lib is None:
+            pytest.skip("needs libjemalloc.so.2 (Debian libjemalloc2; tests/system_deps.sh installs it as root)")
+        env["LD_PRELOAD"] = lib
     mpiexec = Path(sys.executable).with_name("mpiexec")
     script = Path(__file__).parent / "scripts" / "sharded_budget.py"
     cmd = [str(mpiexec), "-n", "4", sys.executable, str(script), str(tmp_path)]

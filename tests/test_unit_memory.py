@@ -14,7 +14,7 @@ from mpi4py import MPI
 import hpctp
 from hpctp._util.memory import map_large_blocks
 from hpctp.nn import ParallelPlan, ShardedDataParallel
-from hpctp.nn.distributed._unit_memory import UnitMemory
+from hpctp.nn.distributed._unit_memory import GradientSlices, UnitMemory
 from hpctp.testing import assert_all, assert_allclose, assert_equal
 
 WORLD = MPI.COMM_WORLD
@@ -57,6 +57,25 @@ def test_a_view_taken_before_the_memory_moves_reads_the_new_memory() -> None:
     assert torch.equal(view, torch.tensor([[2.0, 3.0, 4.0]], dtype=F64))
 
 
+class _Bucket:
+    def __init__(self, stage: int, size: int, dtype: torch.dtype = F64) -> None:
+        self.stage, self.lo, self.hi, self.device, self.dtype = stage, 10, 10 + size, torch.device("cpu"), dtype
+
+
+def test_a_steps_gradient_slices_are_views_of_one_block_per_dtype() -> None:
+    a, b, c, d = _Bucket(3, 4), _Bucket(3, 0), _Bucket(3, 2, torch.float32), _Bucket(1, 5)
+    slices = GradientSlices([a, b, c, d])
+    sa, sb, sc = slices.slice_of(a), slices.slice_of(b), slices.slice_of(c)
+    assert (sa.numel(), sb.numel(), sc.numel()) == (4, 0, 2) and sc.dtype == torch.float32
+    assert sa.untyped_storage().data_ptr() == sb.untyped_storage().data_ptr()
+    assert sa.untyped_storage().nbytes() == 4 * 8 and sc.untyped_storage().nbytes() == 2 * 4
+    with pytest.raises(KeyError):
+        slices.slice_of(d)  # stage 1 sums whole gradients: no slice here
+    assert slices.slice_of(a).data_ptr() == sa.data_ptr()  # the same step: the same block
+    slices.next_step()
+    assert slices.slice_of(a).untyped_storage().data_ptr() != sa.untyped_storage().data_ptr()
+
+
 class _Transposed(torch.nn.Module):
     """``x @ w.T`` through an explicit transpose: autograd saves a view of the weight, not the weight."""
 
@@ -76,8 +95,9 @@ def _chain() -> torch.nn.Sequential:
 @pytest.mark.mpi
 def test_stage3_with_reused_unit_memory_trains_as_one_process() -> None:
     """Four units of one size share two blocks (a unit and its prefetched neighbour): 4 Adam steps equal one process's
-    parameters (float64), and of a step's 8 gathers at most one allocates (the neighbour prefetched at the start of
-    forward: one block is kept between steps)."""
+    parameters (float64), of a step's 8 gathers at most one allocates (the neighbour prefetched at the start of
+    forward: one block is kept between steps), and the gradient slices handed to the optimizer are views of one
+    block."""
     x = torch.randn(7, 6, generator=torch.Generator().manual_seed(9), dtype=F64)
     ref = _chain()
     ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
@@ -92,9 +112,12 @@ def test_stage3_with_reused_unit_memory_trains_as_one_process() -> None:
             ref(x).square().sum().backward()
             ref_opt.step()
             sdp(x[a:b]).square().sum().backward()
+            sdp.finish_gradients()
+            blocks = {p.grad.untyped_storage().data_ptr() for p in sdp.parameters()}
             sdp.step(opt)
             sdp.zero_grad()
             counts.append(sdp._unit_memory.allocations)
+        assert_equal(grid, len(blocks), 1, what="blocks holding the gradient slices handed to the optimizer")
         per_step = [b - a for a, b in zip(counts, counts[1:])]  # of 8 gathers a step (4 units, forward and backward)
         assert_equal(grid, per_step, [min(per_step[0], 1)] * 3, what="unit blocks allocated per step after the first")
         with sdp.gathered() as (model, _):

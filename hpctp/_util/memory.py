@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["PeakMemory", "resident_bytes", "map_large_blocks"]
+__all__ = ["PeakMemory", "map_large_blocks", "resident_bytes", "trim_heap"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -35,6 +35,20 @@ def jemalloc_library() -> str | None:
             return candidate
     found = ctypes.util.find_library("jemalloc")
     return found if found and os.path.isabs(found) else None
+
+
+def _glibc() -> Any:
+    """glibc's library where it is the process's ``malloc`` (not under jemalloc or tcmalloc), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        process = ctypes.CDLL(None)
+    except OSError:
+        return None
+    if ctypes.cast(process.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+        return None
+    return libc
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -51,18 +65,23 @@ def map_large_blocks(threshold: int) -> bool:
     or tcmalloc through ``LD_PRELOAD``), when ``MALLOC_MMAP_THRESHOLD_`` is set (the user's choice),
     or off Linux; True when the threshold was set.
     """
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        process = ctypes.CDLL(None)
-    except OSError:
-        return False
-    if ctypes.cast(process.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+    libc = _glibc()
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or libc is None:
         return False
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold))) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, 2 * int(threshold))
     )
+
+
+def trim_heap() -> bool:
+    """Local. Return the free memory of glibc's heaps to the system (``malloc_trim(0)``): before a baseline of the
+    resident set is taken, so that memory freed earlier but still resident is not reused unseen by what is
+    measured after it. False where ``malloc`` is not glibc's."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def resident_bytes() -> int:

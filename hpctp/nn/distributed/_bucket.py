@@ -227,7 +227,7 @@ class Bucket:
         """Local. Whether this rank holds gradients not sent yet."""
         return self.local is not None or any(g is not None for g in self.grads)
 
-    def send(self) -> InFlight:
+    def send(self, slice_: torch.Tensor | None = None) -> InFlight:
         """Collective over the bucket's axes (non-blocking). Start summing this rank's gradients (zeros for
         parameters that got none): stages 0-1 one all-reduce of the flat buffer, stages 2-3 one
         reduce-scatter per parameter (in packing order, straight from its gradient into its piece of
@@ -245,7 +245,10 @@ class Bucket:
             message = C.iallreduce(self.comm, buf) if self.comm.Get_size() > 1 else None
             return InFlight(self, [] if message is None else [message], [buf], None)
         direct = self.reduced is None  # the first sum lands in the slice's gradient itself, later ones beside it
-        target = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
+        if direct and slice_ is not None:
+            target = slice_
+        else:
+            target = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
         if direct:
             self.reduced = target
         mine = {piece.tensor: piece for piece in self.pieces}

@@ -1,4 +1,4 @@
-"""Memory reused by stage 3's gathered units (:class:`hpctp.nn.ShardedDataParallel`).
+"""Memory reused by stage 3's gathered units, and a step's gradient slices in one block (:class:`hpctp.nn.ShardedDataParallel`).
 
 Stage 3 gives a unit's flat parameter buffer memory just before its forward and backward and takes
 it back after, so a step needs that memory 2 x units times. Freeing and allocating it each time is
@@ -20,10 +20,12 @@ once per step (``tests/test_unit_memory.py``).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["UnitMemory"]
+__all__ = ["GradientSlices", "UnitMemory"]
 
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
@@ -81,3 +83,42 @@ class UnitMemory:
     def kept_bytes(self) -> int:
         """Local. Bytes held in free blocks."""
         return sum(b.nbytes() for blocks in self._free.values() for b in blocks)
+
+
+class GradientSlices:
+    """Local. A step's gradient slices of every stage 2-3 bucket: views of one block per device and dtype.
+
+    Each bucket's reduce-scatter lands in its slice (the gradient the optimizer reads). Allocated
+    one by one, those slices (1/D of each unit's gradient) live from their unit's backward to
+    ``zero_grad`` among the short-lived blocks of the step and pin glibc's heap where they fall;
+    as one block, taken at the step's first message and released with the last view of it, they
+    are one allocation (mapped on its own above ``malloc``'s threshold).
+
+    Parameters
+    ----------
+    buckets : sequence of Bucket
+        The owner's buckets; those of stages 2-3 get a place.
+    """
+
+    def __init__(self, buckets: Sequence[Any]) -> None:
+        self._place: dict[int, tuple[tuple[torch.device, torch.dtype], int, int]] = {}
+        sizes: dict[tuple[torch.device, torch.dtype], int] = defaultdict(int)
+        for b in buckets:
+            if b.stage >= 2:
+                key = (b.device, b.dtype)
+                self._place[id(b)] = (key, sizes[key], b.hi - b.lo)
+                sizes[key] += b.hi - b.lo
+        self._sizes = dict(sizes)
+        self._blocks: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def slice_of(self, bucket: Any) -> torch.Tensor:
+        """Local. ``bucket``'s slice of this step's block (the block is allocated by the step's first call)."""
+        key, start, size = self._place[id(bucket)]
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = torch.empty(self._sizes[key], dtype=key[1], device=key[0])
+        return block[start : start + size]
+
+    def next_step(self) -> None:
+        """Local. The next step's slices come from a new block (this one lives on in the slices handed out)."""
+        self._blocks.clear()

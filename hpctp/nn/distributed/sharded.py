@@ -19,10 +19,13 @@ Stages (as ZeRO / FSDP):
 * **3**: the parameters themselves exist only as slices between uses: each *unit* (a submodule,
   :mod:`hpctp.nn.distributed._units`) all-gathers its buckets just before its forward and frees them
   after, gathers them again before its backward (a hook on its outputs' gradients), and frees
-  them once its gradients are in. Freeing keeps the parameter objects and sets their storage's
-  size to zero (FSDP's ``untyped_storage().resize_(0)``), so autograd's saved references stay
+  them once its gradients are in. Freeing keeps the parameter objects and takes their storage's
+  memory (FSDP's ``untyped_storage().resize_(0)``; on the CPU the memory goes to the next unit
+  of its size, :mod:`hpctp.nn.distributed._unit_memory`), so autograd's saved references stay
   valid and no version counter changes. The next unit's gather is started ahead (``prefetch``):
-  in forward order during forward, in reverse during backward.
+  in forward order during forward, in reverse during backward. A step's gradient slices are views
+  of one block, and on the CPU ``malloc_threshold`` returns the full gradients to the system once
+  sent, so the resident set follows what the step allocates under glibc too.
 
 A model built on the ``meta`` device (:mod:`hpctp.nn.init`) never exists whole: the wrapper
 materializes one unit at a time (stage 3; stages 0-2 need the whole parameters anyway) with the
@@ -71,7 +74,7 @@ from ..init import seeded
 from ..meta import has_meta, materialize_modules, meta_problems, reset_order
 from ._bucket import Bucket, InFlight, ParamState
 from ._optimizer_state import copy_value, gather_flat, optimizer_like, slice_state, state_kinds
-from ._unit_memory import UnitMemory
+from ._unit_memory import GradientSlices, UnitMemory
 from ._units import Unit, choose_units, owner_units
 from .plan import ParallelPlan
 from .replicas import bcast_tensors
@@ -82,7 +85,7 @@ MAX_IN_FLIGHT = 1
 """Gradient messages in flight at once during a backward. Each holds its bucket's whole gradient buffer
 until it completes (stage 3: one unit's gradient), so more messages overlap more communication with
 backward's compute but hold that many more unit-sized buffers; at the limit, starting a message first
-waits for the oldest."""
+waits for the oldest. (Stage 3 also finishes them before the next unit's backward: they overlap its gather.)"""
 
 _MIB = 1 << 20
 BucketKey = tuple[torch.device, torch.dtype, tuple[int, ...]]
@@ -289,6 +292,7 @@ class ShardedDataParallel(torch.nn.Module):
         for i, b in enumerate(self._buckets):
             b.trace_label = f"ShardedDataParallel bucket {i}"
         self._slot = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+        self._grad_slices = GradientSlices(self._buckets)
         self._unit_of = {id(b): u for u in self._units for b in u.buckets}
         if meta:
             self._materialize(model, chosen, seed, target)
@@ -470,7 +474,11 @@ class ShardedDataParallel(torch.nn.Module):
         unit.free()
 
     def _before_backward(self, unit: Unit, _grad: torch.Tensor) -> None:
+        """Stage 3, a unit's backward is next: its parameters gathered, and the messages in flight finished (their
+        reduce-scatters moved while this unit was gathered), so its full gradients never meet the last unit's."""
         unit.gather()  # (idempotent: it runs once per output of the unit; a prefetched unit is waited for)
+        while self._in_flight:  # the last unit's gradients are summed before this one's exist: one unit's at a time
+            self._in_flight.popleft().finish()
 
     def _unit_done(self, unit: Unit) -> None:
         """Stage 3, backward: every gradient of ``unit`` is in. Its parameters are already freed; only now is the
@@ -528,7 +536,8 @@ class ShardedDataParallel(torch.nn.Module):
         while self._order and id(self._order[self._next]) in self._ready:
             bucket = self._order[self._next]
             self._ready.discard(id(bucket))
-            self._in_flight.append(bucket.send())
+            first = bucket.stage >= 2 and bucket.reduced is None
+            self._in_flight.append(bucket.send(self._grad_slices.slice_of(bucket) if first else None))
             self._sent = True
             while len(self._in_flight) > MAX_IN_FLIGHT:
                 self._in_flight.popleft().finish()
@@ -558,6 +567,7 @@ class ShardedDataParallel(torch.nn.Module):
         for b in self._buckets:
             b.hand_out()
             b.end_backward()
+        self._grad_slices.next_step()
         if self.stage >= 2:
             spatial = [b for b in self._buckets if b.spatial_comm.Get_size() > 1]
             C.waitall([C.iallreduce(b.spatial_comm, b._shard().grad) for b in spatial])  # type: ignore[arg-type]
