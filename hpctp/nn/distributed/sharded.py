@@ -178,9 +178,9 @@ class ShardedDataParallel(torch.nn.Module):
         within 1-32 MiB, so the full gradients of the largest parameters, which autograd allocates
         anew in every backward, go back to the system once sent. Without it glibc raises its own
         threshold as blocks are freed and keeps freed gradients resident among long-lived small
-        blocks (benchmarks/memory.py: a resident peak of 0.46-0.50 of one process on 4 ranks where
-        0.32 was allocated, against 0.28-0.33 with it). It costs page faults, a touch of those
-        gradients' bytes per step (there: the step 1.15-1.3x). None leaves the allocator alone;
+        blocks (benchmarks/memory.py: a resident peak of 0.40 of one process on 4 ranks where 0.30
+        was allocated, against 0.29 with it). It costs page faults, a touch of those gradients'
+        bytes per step (there: the step up to 1.2x). None leaves the allocator alone;
         nothing is changed under another ``malloc`` (jemalloc through ``LD_PRELOAD``) or when
         ``MALLOC_MMAP_THRESHOLD_`` is set.
 
