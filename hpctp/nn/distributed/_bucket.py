@@ -23,8 +23,10 @@ stages 2-3 keep autograd's own tensor as this rank's sum and, once the bucket is
 to a reduce-scatter whose pieces land straight in the slice (one message per parameter, in packing
 order); stages 0-1 add it into one flat ``local`` buffer that is all-reduced. Each send buffer is
 freed when its message completes (:class:`InFlight`), not at the end of backward, and the owner
-bounds the buckets in flight (:data:`hpctp.nn.distributed.sharded.MAX_IN_FLIGHT`), so a stage-3 backward holds
-about one unit's gradient being computed plus the ones in flight.
+bounds the buckets in flight (:data:`hpctp.nn.distributed.sharded.MAX_IN_FLIGHT`); at stage 3 it also
+finishes them before the next unit's backward, so a backward holds one unit's full gradients at a time.
+The slices the reduce-scatters land in are views of one block per step
+(:class:`~hpctp.nn.distributed._unit_memory.GradientSlices`).
 """
 
 from __future__ import annotations
