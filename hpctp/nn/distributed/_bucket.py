@@ -41,7 +41,7 @@ import torch
 from ... import comm as C
 from ...comm import Pending
 from ...layout import FlatPacking
-from ._unit_memory import UnitMemory
+from ._unit_memory import GradientSlices, UnitMemory
 
 __all__ = ["Bucket", "InFlight", "ParamState", "resizable_view"]
 
@@ -229,11 +229,11 @@ class Bucket:
         """Local. Whether this rank holds gradients not sent yet."""
         return self.local is not None or any(g is not None for g in self.grads)
 
-    def send(self, slice_: torch.Tensor | None = None) -> InFlight:
+    def send(self, slices: GradientSlices | None = None) -> InFlight:
         """Collective over the bucket's axes (non-blocking). Start summing this rank's gradients (zeros for
         parameters that got none): stages 0-1 one all-reduce of the flat buffer, stages 2-3 one
         reduce-scatter per parameter (in packing order, straight from its gradient into its piece of
-        the slice); the bucket starts new sums afterwards."""
+        the slice: this step's slice in ``slices`` for the first sum); the bucket starts new sums afterwards."""
         self.arrived.clear()
         if self.stage <= 1:
             if self.local is None:
@@ -247,8 +247,8 @@ class Bucket:
             message = C.iallreduce(self.comm, buf) if self.comm.Get_size() > 1 else None
             return InFlight(self, [] if message is None else [message], [buf], None)
         direct = self.reduced is None  # the first sum lands in the slice's gradient itself, later ones beside it
-        if direct and slice_ is not None:
-            target = slice_
+        if direct and slices is not None:
+            target = slices.slice_of(self)
         else:
             target = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
         if direct:

@@ -278,10 +278,6 @@ class ShardedDataParallel(torch.nn.Module):
         grad_axes = {id(p): a for (_, p), a in zip(trainable, axes)}
         self._units: list[Unit] = []
         self._unit_memory = UnitMemory()  # stage 3: the gathered units' memory, reused
-        self.malloc_threshold: int | None = None
-        on_cpu = (target if meta else _first_device(trainable)).type == "cpu"
-        if self.stage == 3 and malloc_threshold is not None and on_cpu:
-            self.malloc_threshold = _set_malloc_threshold(malloc_threshold, trainable)
         if self.stage == 3:
             self._units = self._make_units(model, chosen, trainable, grad_axes, target if meta else None)
             self._buckets = [b for u in self._units for b in u.buckets]
@@ -289,6 +285,9 @@ class ShardedDataParallel(torch.nn.Module):
         else:
             self._buckets = self._make_buckets(trainable, grad_axes, float(bucket_mib) * _MIB, target if meta else None)
             self._order = list(self._buckets)
+        self.malloc_threshold: int | None = None
+        if self.stage == 3 and malloc_threshold is not None and any(b.device.type == "cpu" for b in self._buckets):
+            self.malloc_threshold = _set_malloc_threshold(malloc_threshold, trainable)
         for i, b in enumerate(self._buckets):
             b.trace_label = f"ShardedDataParallel bucket {i}"
         self._slot = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
@@ -536,8 +535,7 @@ class ShardedDataParallel(torch.nn.Module):
         while self._order and id(self._order[self._next]) in self._ready:
             bucket = self._order[self._next]
             self._ready.discard(id(bucket))
-            first = bucket.stage >= 2 and bucket.reduced is None
-            self._in_flight.append(bucket.send(self._grad_slices.slice_of(bucket) if first else None))
+            self._in_flight.append(bucket.send(self._grad_slices))
             self._sent = True
             while len(self._in_flight) > MAX_IN_FLIGHT:
                 self._in_flight.popleft().finish()
@@ -748,10 +746,6 @@ def _check_arguments(
             f"ShardedDataParallel: malloc_threshold must be a positive number of bytes, 'auto' or None, "
             f"got {malloc_threshold!r}"
         )
-
-
-def _first_device(trainable: list[tuple[str, torch.nn.Parameter]]) -> torch.device:
-    return trainable[0][1].device if trainable else torch.device("cpu")
 
 
 def _set_malloc_threshold(threshold: int | str, trainable: list[tuple[str, torch.nn.Parameter]]) -> int | None:
