@@ -54,6 +54,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--micro", type=int, default=2, help="sequences per micro-batch")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--schedules", nargs="+", default=[s for s, _ in SCHEDULES], choices=[s for s, _ in SCHEDULES])
     p.add_argument("--worker", action="store_true", help="run one rank count under mpiexec")
     return p.parse_args(argv)
 
@@ -119,7 +120,7 @@ def _pipeline(args: argparse.Namespace, plan: Any, schedule: str, virtual: int, 
     p = sched.p
     closed = (p - 1) / (3 * m + p - 1) if sched.split_backward else (p - 1) / (virtual * m + p - 1)
     return {"schedule": schedule, "m": m, "bubble": float(table[0]), "closed": closed, "simulated": float(sim),
-            "staged": float(staged),
+            "staged": float(staged), "stage_ms": np.round(stage_means * 1e3, 2).tolist(),
             "activations": int(every.max()), "step": float(statistics.median(steps))}  # fmt: skip
 
 
@@ -163,7 +164,7 @@ def worker(args: argparse.Namespace) -> None:
     for m in args.m:
         dp = _data_parallel(args, plan_dp, m)
         for schedule, virtual in SCHEDULES:
-            if args.blocks < world.Get_size() * virtual:
+            if args.blocks < world.Get_size() * virtual or schedule not in args.schedules:
                 continue
             row = _pipeline(args, plan, schedule, virtual, m)
             row["data_parallel"] = dp

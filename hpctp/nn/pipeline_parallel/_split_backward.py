@@ -5,12 +5,14 @@ gradient needs: an operation on the path from the outputs to the stage's input c
 and skips its weights' (autograd computes the outputs of a node that some requested input needs). Those
 operations are the *boundary* nodes: on the input path, with a child off it that leads to parameters (for a
 linear layer, its ``addmm``). ``B`` captures the gradient flowing into each boundary node (a pre-hook) while
-it computes the input gradient, with the graph kept. ``W`` then runs, from each boundary node with its
-captured gradient (a :class:`torch.autograd.graph.GradientEdge`), a backward restricted to the parameters
-reached from it without re-entering the input path, so no gradient is computed twice and every
-parameter's gradient is accumulated in its ``.grad`` (post-accumulate hooks run: ShardedDataParallel's
-messages start). A stage whose input needs no gradient (the first) computes everything in ``W``. A stage
-that recomputes activations (activation checkpointing replays its forward at the first unpack of each
+it computes the input gradient, with the graph kept. ``W`` then computes, for each boundary node, the
+gradients it sends towards the parameters: in closed form from its saved tensors for the common kinds
+(matmuls, adds, products, layer norm, convolution: [Note: closed-form weight gradients]), handed to autograd
+at the edges towards the parameters; for any other kind, by a backward from the node with its captured
+gradient (a :class:`torch.autograd.graph.GradientEdge`) restricted to the parameters reached from it
+without re-entering the input path. No gradient is computed twice, and every parameter's gradient is
+accumulated in its ``.grad`` by autograd (hooks run: ShardedDataParallel's messages start). A stage whose
+input needs no gradient (the first) computes everything in ``W``. A stage that recomputes activations (activation checkpointing replays its forward at the first unpack of each
 backward pass, once) is not split: its ``B`` computes the weights' gradients too and its ``W`` is empty.
 """
 
@@ -22,7 +24,13 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge
 
+from ._weight_gradients import weight_side_gradients
+
 __all__ = ["backward_input"]
+
+GROUP_BYTES = 1 << 22
+"""``W`` hands its closed-form gradients to autograd in groups of about this many bytes: one accumulation call per
+group, not per node (fewer calls, and at most this much more memory held than one node's gradients)."""
 
 Node = Any
 
@@ -121,11 +129,31 @@ def backward_input(
         return out
 
     def weights() -> None:
+        edges: list[GradientEdge] = []
+        values: list[torch.Tensor] = []
+        pending = 0
         for n in boundary:
-            edges = [(GradientEdge(n, k), g) for k, g in enumerate(captured.get(n, ())) if g is not None]
+            g = captured.pop(n, None)
+            if g is None:
+                continue
+            side = [
+                k for k, (c, _) in enumerate(n.next_functions) if c is not None and c not in on_input and c in to_params
+            ]
+            found = weight_side_gradients(n, g, side)
+            if found is not None:  # (see [Note: closed-form weight gradients])
+                edges += [GradientEdge(*n.next_functions[k]) for k in side]
+                values += found
+                pending += sum(v.nbytes for v in found)
+                if pending >= GROUP_BYTES:
+                    torch.autograd.backward(edges, values, retain_graph=True)  # type: ignore[arg-type]
+                    edges, values, pending = [], [], 0
+                continue
             mine = owned(n)
-            if edges and mine:
-                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], inputs=mine, retain_graph=True)
+            known = [(GradientEdge(n, k), x) for k, x in enumerate(g) if x is not None]
+            if known and mine:
+                torch.autograd.backward([e for e, _ in known], [x for _, x in known], inputs=mine, retain_graph=True)
+        if edges:
+            torch.autograd.backward(edges, values, retain_graph=True)  # type: ignore[arg-type]
         if not wanted:  # the first stage: nothing ran in B
             roots = [(o, g) for o, g in zip(outputs, grads) if o.grad_fn is not None]
             mine = [p for p in params if p.requires_grad]
