@@ -144,7 +144,15 @@ with hpctp.ProcessGrid((1,)) as grid:
     plan = ParallelPlan(grid, data=(0,))
     def model():
         return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 4))
-    print(ShardedDataParallel(model(), plan, stage=3).malloc_threshold,
+    def auto(rows):  # "auto" after a forward of `rows` samples (activations of rows x 1024 float32 are saved)
+        sdp = ShardedDataParallel(model(), plan, stage=3)
+        before = sdp.malloc_threshold
+        with torch.no_grad():
+            sdp(torch.ones(rows, 1024))
+        during = sdp.malloc_threshold
+        sdp(torch.ones(rows, 1024)).sum().backward()
+        return before, during, sdp.malloc_threshold
+    print(*auto(4), *auto(3 * 1024)[2:],
           ShardedDataParallel(model(), plan, stage=3, malloc_threshold=3 << 20).malloc_threshold,
           ShardedDataParallel(model(), plan, stage=2).malloc_threshold,
           ShardedDataParallel(model(), plan, stage=3, malloc_threshold=None).malloc_threshold)
@@ -155,12 +163,15 @@ with hpctp.ProcessGrid((1,)) as grid:
 @pytest.mark.skipif(WORLD.size > 1, reason="starts its own processes")
 @pytest.mark.parametrize(
     ("env", "printed"),
-    [({}, "4194304 3145728 None None"), ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "None None None None")],
+    [({}, "None None 4194304 None 3145728 None None"),
+     ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "None None None None None None None")],
     ids=["glibc", "set-in-the-environment"],
-)
+)  # fmt: skip
 def test_stage3_fixes_glibc_mapping_threshold_unless_the_user_did(env: dict[str, str], printed: str) -> None:
-    """With "auto", the largest parameter's bytes (a float32 weight of 1024 x 1024: 4 MiB); stages 0-2 and None leave
-    malloc alone, as does a threshold the environment already set."""
+    """With "auto", at the first forward with gradients (not before, not under no_grad): the largest parameter's
+    bytes (a float32 weight of 1024 x 1024: 4 MiB), unless a tensor saved for backward is larger (3072 x 1024 float32
+    inputs: 12 MiB), then nothing; an int at once; stages 0-2 and None leave malloc alone, as does a threshold the
+    environment already set."""
     skip = ("PMI_", "PMIX_", "HYDRA_", "MALLOC_", "LD_PRELOAD")
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
     child_env.update(env, OMP_NUM_THREADS="1")

@@ -174,14 +174,17 @@ class ShardedDataParallel(torch.nn.Module):
     malloc_threshold : int, "auto" or None
         Stage 3 on the CPU: glibc's ``malloc`` maps blocks of this many bytes or more on their own and
         returns them when freed (``mallopt(M_MMAP_THRESHOLD)``, and its trim threshold to twice that;
-        process-wide, set at construction). ``"auto"``: the largest trainable parameter's bytes,
-        within 1-32 MiB, so the full gradients of the largest parameters, which autograd allocates
-        anew in every backward, go back to the system once sent. Without it glibc raises its own
+        process-wide, set at construction). ``"auto"``: decided at the first forward with gradients:
+        the largest trainable parameter's bytes (within 1-32 MiB) if no tensor that forward saved for
+        backward is larger, so the full gradients of the largest parameters, which autograd
+        allocates anew in every backward, go back to the system once sent; else nothing (the
+        activations and the work buffers beside them would be mapped anew, and page-faulted, every
+        step: an FNO on 96 x 96 fields took 1.6x the step). Without it glibc raises its own
         threshold as blocks are freed and keeps freed gradients resident among long-lived small
         blocks (benchmarks/memory.py: a resident peak of 0.40 of one process on 4 ranks where 0.30
         was allocated, against 0.29 with it). It costs page faults, a touch of those gradients'
-        bytes per step (there: the step up to 1.2x). None leaves the allocator alone;
-        nothing is changed under another ``malloc`` (jemalloc through ``LD_PRELOAD``) or when
+        bytes per step (there: the step up to 1.2x). None leaves the allocator alone; nothing is
+        changed under another ``malloc`` (jemalloc through ``LD_PRELOAD``) or when
         ``MALLOC_MMAP_THRESHOLD_`` is set.
 
     Attributes
@@ -193,7 +196,8 @@ class ShardedDataParallel(torch.nn.Module):
     flat_buckets : tuple of Bucket
         The buckets (read-only; what checkpoints read and write).
     malloc_threshold : int or None
-        The threshold set (bytes), or None if the allocator was left alone.
+        The threshold set (bytes), or None if the allocator was left alone (``"auto"``: until the
+        first forward with gradients).
 
     Raises
     ------
@@ -286,8 +290,12 @@ class ShardedDataParallel(torch.nn.Module):
             self._buckets = self._make_buckets(trainable, grad_axes, float(bucket_mib) * _MIB, target if meta else None)
             self._order = list(self._buckets)
         self.malloc_threshold: int | None = None
+        self._threshold_floor: int | None = None  # "auto": the largest parameter's bytes, until a forward saw more
         if self.stage == 3 and malloc_threshold is not None and any(b.device.type == "cpu" for b in self._buckets):
-            self.malloc_threshold = _set_malloc_threshold(malloc_threshold, trainable)
+            if malloc_threshold == "auto":
+                self._threshold_floor = max((p.numel() * p.element_size() for _, p in trainable), default=0)
+            else:
+                self.malloc_threshold = _set_malloc_threshold(int(malloc_threshold))  # type: ignore[call-overload]
         for i, b in enumerate(self._buckets):
             b.trace_label = f"ShardedDataParallel bucket {i}"
         self._slot = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
@@ -437,7 +445,15 @@ class ShardedDataParallel(torch.nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Collective over grid. The model's forward (stage 3 gathers each unit's parameters around its own)."""
-        out = self.module(*args, **kwargs)
+        if self._threshold_floor is not None and torch.is_grad_enabled():
+            saved = _LargestSaved()
+            with saved:
+                out = self.module(*args, **kwargs)
+            if saved.largest <= self._threshold_floor:  # (else activations, and the work buffers beside them, would
+                self.malloc_threshold = _set_malloc_threshold(self._threshold_floor)  # be mapped anew every step)
+            self._threshold_floor = None
+        else:
+            out = self.module(*args, **kwargs)
         if self.stage == 3:
             for u in self._units:
                 u.free()  # prefetched but not used
@@ -748,11 +764,21 @@ def _check_arguments(
         )
 
 
-def _set_malloc_threshold(threshold: int | str, trainable: list[tuple[str, torch.nn.Parameter]]) -> int | None:
-    """Local. Fix glibc's mapping threshold (``"auto"``: the largest trainable parameter's bytes, in 1-32 MiB); the
-    value set, or None where the process's ``malloc`` is not glibc's or the environment set it."""
-    if threshold == "auto":
-        largest = max((p.numel() * p.element_size() for _, p in trainable), default=0)
-        threshold = min(max(largest, _MIB), 32 * _MIB)
-    value = int(threshold)
+def _set_malloc_threshold(threshold: int) -> int | None:
+    """Local. Fix glibc's mapping threshold at ``threshold`` bytes, within 1-32 MiB; the value set, or None where the
+    process's ``malloc`` is not glibc's or the environment set it."""
+    value = min(max(int(threshold), _MIB), 32 * _MIB)
     return value if map_large_blocks(value) else None
+
+
+class _LargestSaved(torch.autograd.graph.saved_tensors_hooks):
+    """Local. A context noting the largest tensor autograd saves for backward inside it (bytes)."""
+
+    def __init__(self) -> None:
+        self.largest = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            self.largest = max(self.largest, t.numel() * t.element_size())
+            return t
+
+        super().__init__(pack, lambda t: t)
