@@ -4,6 +4,7 @@ ShardedDataParallel's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from pathlib import Path
@@ -72,6 +73,11 @@ def test_machine_file_errors_name_the_key(tmp_path: Path) -> None:
         load_machine(tmp_path / "missing.toml")
     with pytest.raises(ValueError, match="no compute rates for float64.*compute.float64"):
         load_machine("h100-ndr").rates("float64")
+    bad.write_text(text.replace("overlap = 1.0", "overlap = 1.5"))
+    with pytest.raises(ValueError, match=r"overlap must be a number in \[0, 1\], got 1.5"):
+        load_machine(bad)
+    bad.write_text(text.replace("overlap = 1.0\n", ""))  # (a file from before the key: messages overlap)
+    assert load_machine(bad).overlap == 1.0
 
 
 def test_collective_formulas_and_levels() -> None:
@@ -266,6 +272,36 @@ def test_plan_ranks_and_explains(vit_work: Any) -> None:
     mid = plan(vit_work, ranks=8, memory=peaks[len(peaks) // 2], machine="a100-hdr")
     assert mid.infeasible and all("needs" in p.reason for p in mid.infeasible)
     assert all(p.memory.total <= peaks[len(peaks) // 2] for p in mid.ranked)
+
+
+def test_messages_that_do_not_progress_behind_computation_are_exposed(vit_work: Any) -> None:
+    """On a machine whose messages complete only in their waits (``overlap = 0``: MPI without a progress thread), the
+    data-parallel messages that overlap backward on a GPU machine are priced in full: never less exposed time, and
+    more for every plan of stage 3 (its gathers)."""
+    gpu = load_machine("a100-hdr")
+    blocking = dataclasses.replace(gpu, overlap=0.0)
+    a = {p.candidate.label(): p.time for p in plan(vit_work, ranks=8, memory="80GiB", machine=gpu).ranked}
+    b = {p.candidate.label(): p.time for p in plan(vit_work, ranks=8, memory="80GiB", machine=blocking).ranked}
+    assert a.keys() == b.keys()
+    for label, t in a.items():
+        assert b[label].comm.get("data", 0.0) >= t.comm.get("data", 0.0) * (1 - 1e-12)
+    zero3 = [label for label in a if label.endswith("Z3") and label.startswith("D8")]
+    assert zero3 and all(b[label].comm["data"] > 1.2 * a[label].comm.get("data", 0.0) for label in zero3)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(WORLD.size != 2, reason="calibrates once, on 2 ranks")
+def test_calibrate_measures_the_overlap_and_writes_a_machine_file(tmp_path: Path) -> None:
+    """On this machine (MPICH without a progress thread) a posted all-gather does not progress behind computation."""
+    with hpctp.ProcessGrid((2,)) as grid:
+        prof = hpctp.perf.calibrate(grid, repeats=2)
+        lo, hi = np.array([prof.overlap]), np.array([prof.overlap])
+        hpctp.comm.allreduce(grid.comm, lo, "min")
+        hpctp.comm.allreduce(grid.comm, hi, "max")
+        assert_all(grid, 0.0 <= lo[0] == hi[0] <= 1.0, f"overlap {lo[0]} .. {hi[0]} over the ranks")
+        assert_all(grid, hi[0] < 0.5, f"a message progressed behind computation here: overlap {hi[0]}")
+        path = tmp_path / f"machine-{grid.rank}.toml"
+        assert_all(grid, load_machine(prof.save(path)) == prof, "the machine file does not read back")
 
 
 def test_bad_input_gives_a_message_naming_the_fix(vit_work: Any, tmp_path: Path, capsys: Any) -> None:

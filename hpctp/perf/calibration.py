@@ -7,7 +7,9 @@ warm-up (:func:`hpctp.comm.slowest_seconds`); a least-squares fit of the formula
 :func:`hpctp.perf.collective_time` over all axes gives each kind's ``alpha`` and ``beta`` (and each axis's
 own fit is kept in the profile's ``calibration`` tables). Every rank then runs the block computations at
 once (as they run in training, sharing the node): a GEMM, a 3x3 convolution, an FFT, attention, an
-elementwise update and a tiny operator for the host's time per kernel; each rate is the slowest rank's.
+elementwise update and a tiny operator for the host's time per kernel; each rate is the slowest rank's. Last, the
+share of a non-blocking all-gather that computation hides (:attr:`MachineProfile.overlap`): it posts one, computes
+GEMMs for about twice its time, then waits.
 The ranks of the grid are taken as one node (``ranks_per_node`` = the grid's size). About ten seconds.
 """
 
@@ -168,6 +170,40 @@ def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) 
     return ComputeRates(gemm, half, conv, fft, attn, bandwidth, kernel)
 
 
+def _overlap(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+    """The share of a non-blocking all-gather's time that computation posted after it hides (see
+    :attr:`MachineProfile.overlap`): ``(T_compute + T_message - T_both) / T_message`` within [0, 1], each the slowest
+    rank's mean of ``repeats``, the computation GEMMs of about twice the message's time."""
+    q = comm.Get_size()
+    if q < 2:
+        return 1.0
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    item = torch.empty((), dtype=dtype).element_size()
+    n = SIZES[1] // item
+    mine, whole = torch.ones(n, dtype=dtype, device=device), torch.empty(n * q, dtype=dtype, device=device)
+
+    def message() -> None:
+        C.iallgatherv(comm, mine, whole, [n] * q).wait()
+
+    a = torch.randn(256, 256, dtype=dtype, device=device)
+    t_message = _timed(comm, message, repeats)
+    t_gemm = _timed(comm, lambda: (a @ a, sync()), repeats)
+    count = max(1, math.ceil(2.0 * t_message / max(t_gemm, 1e-9)))
+
+    def compute() -> None:
+        for _ in range(count):
+            a @ a
+        sync()
+
+    def both() -> None:
+        pending = C.iallgatherv(comm, mine, whole, [n] * q)
+        compute()
+        pending.wait()
+
+    t_compute, t_both = _timed(comm, compute, repeats), _timed(comm, both, repeats)
+    return min(1.0, max(0.0, (t_compute + t_message - t_both) / max(t_message, 1e-12)))
+
+
 def calibrate(
     grid: ProcessGrid, *, dtype: str = "float32", device: str | None = None, repeats: int = REPEATS,
     name: str | None = None,
@@ -235,11 +271,12 @@ def calibrate(
         per_axis[f"axis{axis}"] = {k: _fit(v) for k, v in mine.items()}
     network = {"intra": {k: _fit(v) if v else Link(0.0, 0.0) for k, v in rows.items()}}
     rates = _compute(grid.comm, dev, tdtype, repeats)
+    overlap = _overlap(grid.comm, dev, tdtype, repeats)
     memory = _memory_bytes(dev, grid.size)
     text = name or f"{platform.node()}: {grid.size} ranks on {dev.type} (calibrated)"
     return MachineProfile(
         name=text, source="calibrated", ranks_per_node=grid.size, memory_bytes=memory, compute={dtype: rates},
-        network=network, asynchronous=dev.type == "cuda", date=date.today().isoformat(),
+        network=network, asynchronous=dev.type == "cuda", overlap=overlap, date=date.today().isoformat(),
         note=f"hpctp.perf.calibrate on a {'x'.join(map(str, grid.dims))} grid, {repeats} repeats, "
         f"{time.perf_counter() - t0:.1f} s; keys: {', '.join(COMPUTE_KEYS)}",
         calibration=per_axis,

@@ -62,7 +62,9 @@ COMPUTE_KEYS = ("gemm", "gemm_half", "conv", "fft", "attention", "bandwidth", "k
 FFTs and attention; bytes/s of elementwise work; seconds of host time per kernel."""
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
-_MACHINE_KEYS = ("name", "source", "reference", "ranks_per_node", "memory_bytes", "asynchronous", "date", "note")
+_MACHINE_KEYS = (
+    "name", "source", "reference", "ranks_per_node", "memory_bytes", "asynchronous", "overlap", "date", "note",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,12 @@ class MachineProfile:
         Memory of one rank's device (0: unknown).
     asynchronous : bool
         Kernels run asynchronously to the host (GPUs): the host's own time per step overlaps them.
+    overlap : float
+        The share of a non-blocking message's time that computation posted after it hides, in [0, 1]:
+        1 where messages progress on their own (NCCL's streams, RDMA, an MPI progress thread), 0
+        where they progress only inside MPI calls (MPICH without a progress thread: the message
+        completes in its wait, after the computation). Default 1; :func:`hpctp.perf.calibrate`
+        measures it.
     compute : dict
         ``{dtype name: ComputeRates}``.
     network : dict
@@ -174,6 +182,7 @@ class MachineProfile:
     compute: Mapping[str, ComputeRates]
     network: Mapping[str, Mapping[str, Link]]
     asynchronous: bool = False
+    overlap: float = 1.0
     reference: str = ""
     date: str = ""
     note: str = ""
@@ -242,6 +251,7 @@ class MachineProfile:
             f"ranks_per_node = {self.ranks_per_node}",
             f"memory_bytes = {self.memory_bytes}",
             f"asynchronous = {'true' if self.asynchronous else 'false'}",
+            f"overlap = {_num(self.overlap)}",
         ]
         for key in ("reference", "date", "note"):
             value = getattr(self, key)
@@ -369,10 +379,13 @@ def profile_from_dict(data: Mapping[str, Any], where: str = "machine file") -> M
     asynchronous = head.get("asynchronous", False)
     if not isinstance(asynchronous, bool):
         raise ValueError(f"{where} [machine]: asynchronous must be true or false, got {asynchronous!r}")
+    overlap = head.get("overlap", 1.0)
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"{where} [machine]: overlap must be a number in [0, 1], got {overlap!r}")
     calib = _table(f"{where} [calibration]", data.get("calibration", {}))
     return MachineProfile(
         name=str(head["name"]), source=source, ranks_per_node=rpn, memory_bytes=memory, compute=compute,
-        network=links, asynchronous=asynchronous, reference=str(head.get("reference", "")), date=str(head.get("date", "")),
+        network=links, asynchronous=asynchronous, overlap=float(overlap), reference=str(head.get("reference", "")), date=str(head.get("date", "")),
         note=str(head.get("note", "")),
         calibration={k: _links(f"{where} [calibration.{k}]", v) for k, v in calib.items()},
     )  # fmt: skip

@@ -12,7 +12,7 @@ stage  parameters  gradients (backward / at the step)    Adam     extra
 0      ``P``       flat bucket buffers ``P`` / ``P``     ``2 P``  step temporary ``P``
 1      ``P + S``   flat bucket buffers ``P`` / ``S``     ``2 S``  step temporary ``S``
 2      ``P + S``   a bucket in flight + ``S`` / ``S``    ``2 S``  step temporary ``S``
-3      ``S``       a unit in flight + ``S`` / ``S``      ``2 S``  two gathered units in forward/backward
+3      ``S``       one unit's + ``S`` / ``S``            ``2 S``  two gathered units in forward/backward
 =====  ==========  ====================================  =======  ======================================
 
 Activations are the trace's timeline (:class:`hpctp.perf.workload.Trace`) at the rank's block; the peak is
@@ -229,8 +229,8 @@ def predict_memory(
         grads = np.minimum(whole, g * whole + biggest) + (g * slices if z == 1 else 0.0)
     elif z == 2:
         grads = np.minimum(g * whole, 2 * biggest) + g * slices
-    else:
-        grads = np.minimum(g * whole, 2 * u0) + g * slices
+    else:  # (the wrapper sums a unit's gradients before the next unit's backward: one unit's full gradients at a time)
+        grads = np.minimum(g * whole, u0) + g * slices
     grads = np.where(bwd, grads, 0.0)
     buffers = float(u0 + u1) if z == 3 else 0.0
     totals = params + optimizer + acts + grads + buffers + data

@@ -14,7 +14,9 @@ axes and, for replicated parameters of spatially split layers, the spatial ones;
 each parameter over the data axes, then all-reduce the slices over the spatial axes; these messages overlap
 backward (the last bucket's never does). Stages 1-2 all-gather the updated slices after the step; stage 3
 all-gathers each unit before its forward and again before its backward, the next unit's while this one
-computes. A pipeline (:mod:`hpctp.nn.pipeline_parallel`) runs its schedule's action lists with each stage's
+computes. Every such overlap, and a layer's, hides only the machine's share of a message
+(:attr:`MachineProfile.overlap`): MPI without a progress thread completes a message in its wait, after the
+computation, so none of it is hidden. A pipeline (:mod:`hpctp.nn.pipeline_parallel`) runs its schedule's action lists with each stage's
 forward and backward times and a point-to-point message of the activation at each cut
 (:meth:`~hpctp.nn.pipeline_parallel.Schedule.simulate`); its idle time is the bubble.
 """
@@ -87,6 +89,12 @@ def message_parts(
     return latency, whole - latency
 
 
+def _exposed(message: float, compute: float, overlap: float) -> float:
+    """Seconds of a message posted before ``compute`` seconds of computation that stay exposed on a machine that hides
+    the share ``overlap`` of a message behind computation (:attr:`MachineProfile.overlap`)."""
+    return overlap * max(0.0, message - compute) + (1.0 - overlap) * message
+
+
 def _site(info: LayerInfo, cand: Candidate, sh: Shares, work: Workload, coords: tuple[int, ...]) -> Site:
     nsp = len(cand.spatial)
     dims = (*cand.spatial, cand.tensor)
@@ -150,9 +158,9 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
                 hidden += volume
             else:
                 exposed[m.role] += latency + volume
-        if hidden > compute[phase]:
+        if hidden > 0:  # (the share the machine's messages do not progress behind computation stays exposed)
             role = next(m.role for m in msgs if m.phase == phase and m.overlap)
-            exposed[role] += hidden - compute[phase]
+            exposed[role] += _exposed(hidden, compute[phase], machine.overlap)
         setattr(cost, phase, compute[phase])
         (cost.comm_fwd if phase == "fwd" else cost.comm_bwd).update(exposed)
     return cost
@@ -408,10 +416,11 @@ def _data_parallel(
         elif cand.zero == 3:
             gathers += [machine.message_time("allgather", n, d, data_level)] * 2
     exposed = 0.0
+    o = machine.overlap
     if grads:  # they overlap backward; the last bucket's cannot
-        exposed = max(grads[-1], sum(grads) - bwd_time)
+        exposed = o * max(grads[-1], sum(grads) - bwd_time) + (1.0 - o) * sum(grads)
     if gathers:  # stage 3: each unit's gather prefetched behind the unit before it
-        exposed += max(max(gathers), sum(gathers) - 2 * bwd_time)
+        exposed += o * max(max(gathers), sum(gathers) - 2 * bwd_time) + (1.0 - o) * sum(gathers)
     # the optimizer: reads parameter, gradient, two moments; writes parameter, two moments
     elems = sum(b.numel if cand.zero == 0 else b.slice(d) for b in bks)
     item = max((b.itemsize for b in bks), default=4)
