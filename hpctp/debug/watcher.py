@@ -63,6 +63,7 @@ from .types import RankDump
 __all__ = [
     "ANSWER_SECONDS",
     "EXIT_CODE",
+    "OUTPUT_GRACE_SECONDS",
     "POLL_SECONDS",
     "REQUEST_POLL_SECONDS",
     "Watchdog",
@@ -75,6 +76,11 @@ POLL_SECONDS = 0.25
 """How often each rank's thread looks at its main thread and at the request file (or a tenth of
 the watchdog's seconds when that is shorter): the delay before a report starts and before a rank
 answers, against a little CPU per poll (a file lookup)."""
+
+OUTPUT_GRACE_SECONDS = 0.5
+"""How long the detector waits between printing its report and ending the job: the launcher forwards a rank's
+output asynchronously, and ``MPI_Abort`` can end that forwarding before the report passed (seen on a loaded node:
+the report missing from the job's standard error, though in report.txt)."""
 
 REQUEST_POLL_SECONDS = 1.0
 """How often each rank looks for a request (one file lookup on the shared file system per rank and
@@ -280,6 +286,7 @@ class Watchdog:
         (self.directory / "report.txt").write_text(text + "\n")
         sys.stderr.write(f"\n[rank {self.rank}] {text}\n")
         sys.stderr.flush()
+        time.sleep(OUTPUT_GRACE_SECONDS)
         T.abort_job(EXIT_CODE)
 
     def _claim(self, rid: str, reason: str) -> bool:
