@@ -5,6 +5,7 @@ Usage::
 
     python benchmarks/pipeline.py                          # mpiexec -n 2 and -n 4 of itself; the tables
     python benchmarks/pipeline.py --ranks 2 --m 4 8        # fewer runs
+    python benchmarks/pipeline.py --schedules 1f1b zero_bubble
     mpiexec -n 2 python benchmarks/pipeline.py --worker    # one rank count (what the launcher runs)
 
 The model is ``--blocks`` :class:`hpctp.nn.TransformerBlock` (embed ``--embed``, ``--heads`` heads, MLP ratio 4) on

@@ -155,7 +155,10 @@ def weight_side_gradients(
             if d is None:
                 return None
             child, nr = node.next_functions[k]
-            meta = child._input_metadata[nr]
+            try:
+                meta = child._input_metadata[nr]
+            except (AttributeError, IndexError):  # (a torch without the node's metadata: autograd answers)
+                return None
             if tuple(d.shape) != tuple(meta.shape):
                 d = d.sum_to_size(meta.shape)
             out.append(d if d.dtype == meta.dtype else d.to(meta.dtype))
