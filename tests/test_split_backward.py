@@ -89,13 +89,17 @@ def _chain(net: _Net, d: int) -> torch.nn.Module:
     )
 
 
-def _whole_and_split(model: torch.nn.Module, x: torch.Tensor, g_seed: int = 0) -> tuple[list, list]:
-    """Gradients (input's, then every parameter's) of one backward and of B followed by W."""
+def _whole_and_split(
+    model: torch.nn.Module, x: torch.Tensor, g_seed: int = 0, autocast: torch.dtype | None = None
+) -> tuple[list, list]:
+    """Gradients (input's, then every parameter's) of one backward and of B followed by W (the forward under CPU
+    autocast to ``autocast``, if given)."""
     out = []
     for split in (False, True):
         model.zero_grad(set_to_none=True)
         xi = x.detach().clone().requires_grad_(True)
-        y = model(xi)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            y = model(xi)
         g = torch.randn(y.shape, generator=torch.Generator().manual_seed(g_seed), dtype=y.dtype)
         params = [p for p in model.parameters() if p.requires_grad]
         if split:
@@ -176,21 +180,7 @@ def test_bf16_autocast_matches_one_backward() -> None:
     them with their dtype."""
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
-    x = torch.randn(4, 8)
-    out = []
-    for split in (False, True):
-        model.zero_grad(set_to_none=True)
-        xi = x.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = model(xi)
-        g = torch.ones_like(y)
-        if split:
-            (dx,), weights = backward_input([y], [g], [xi], list(model.parameters()))
-            weights()
-        else:
-            torch.autograd.backward([y], [g])
-            dx = xi.grad
-        out.append([dx, *[p.grad for p in model.parameters()]])
-    for a, b in zip(*out):
+    whole, split = _whole_and_split(model, torch.randn(4, 8), autocast=torch.bfloat16)
+    for a, b in zip(whole, split):
         assert a.dtype == b.dtype
         torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-2)

@@ -16,8 +16,8 @@ backward (the last bucket's never does). Stages 1-2 all-gather the updated slice
 all-gathers each unit before its forward and again before its backward, the next unit's while this one
 computes. Every such overlap, and a layer's, hides only the machine's share of a message
 (:attr:`MachineProfile.overlap`): MPI without a progress thread completes a message in its wait, after the
-computation, so none of it is hidden. A pipeline (:mod:`hpctp.nn.pipeline_parallel`) runs its schedule's action lists with each stage's
-forward and backward times and a point-to-point message of the activation at each cut
+computation, so none of it is hidden. A pipeline (:mod:`hpctp.nn.pipeline_parallel`) runs its schedule's
+action lists with each stage's forward and backward times and a point-to-point message of the activation at each cut
 (:meth:`~hpctp.nn.pipeline_parallel.Schedule.simulate`); its idle time is the bubble.
 """
 
@@ -89,10 +89,11 @@ def message_parts(
     return latency, whole - latency
 
 
-def _exposed(message: float, compute: float, overlap: float) -> float:
-    """Seconds of a message posted before ``compute`` seconds of computation that stay exposed on a machine that hides
-    the share ``overlap`` of a message behind computation (:attr:`MachineProfile.overlap`)."""
-    return overlap * max(0.0, message - compute) + (1.0 - overlap) * message
+def _exposed(message: float, compute: float, overlap: float, floor: float = 0.0) -> float:
+    """Seconds of messages posted before ``compute`` seconds of computation that stay exposed on a machine that hides
+    the share ``overlap`` of a message behind computation (:attr:`MachineProfile.overlap`); ``floor``: what stays
+    exposed even where all of it could hide (the last message, posted after the computation)."""
+    return overlap * max(floor, message - compute) + (1.0 - overlap) * message
 
 
 def _site(info: LayerInfo, cand: Candidate, sh: Shares, work: Workload, coords: tuple[int, ...]) -> Site:
@@ -416,11 +417,10 @@ def _data_parallel(
         elif cand.zero == 3:
             gathers += [machine.message_time("allgather", n, d, data_level)] * 2
     exposed = 0.0
-    o = machine.overlap
     if grads:  # they overlap backward; the last bucket's cannot
-        exposed = o * max(grads[-1], sum(grads) - bwd_time) + (1.0 - o) * sum(grads)
+        exposed = _exposed(sum(grads), bwd_time, machine.overlap, floor=grads[-1])
     if gathers:  # stage 3: each unit's gather prefetched behind the unit before it
-        exposed += o * max(max(gathers), sum(gathers) - 2 * bwd_time) + (1.0 - o) * sum(gathers)
+        exposed += _exposed(sum(gathers), 2 * bwd_time, machine.overlap, floor=max(gathers))
     # the optimizer: reads parameter, gradient, two moments; writes parameter, two moments
     elems = sum(b.numel if cand.zero == 0 else b.slice(d) for b in bks)
     item = max((b.itemsize for b in bks), default=4)

@@ -12,8 +12,9 @@ at the edges towards the parameters; for any other kind, by a backward from the 
 gradient (a :class:`torch.autograd.graph.GradientEdge`) restricted to the parameters reached from it
 without re-entering the input path. No gradient is computed twice, and every parameter's gradient is
 accumulated in its ``.grad`` by autograd (hooks run: ShardedDataParallel's messages start). A stage whose
-input needs no gradient (the first) computes everything in ``W``. A stage that recomputes activations (activation checkpointing replays its forward at the first unpack of each
-backward pass, once) is not split: its ``B`` computes the weights' gradients too and its ``W`` is empty.
+input needs no gradient (the first) computes everything in ``W``. A stage that recomputes activations
+(activation checkpointing replays its forward at the first unpack of each backward pass, once) is not split:
+its ``B`` computes the weights' gradients too and its ``W`` is empty.
 """
 
 from __future__ import annotations
