@@ -173,7 +173,8 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
         wrapped.zero_grad(set_to_none=True)  # (as a step starts: the last step's gradients are dropped)
         held = [*model.parameters(), *wrapped.parameters(), x.local, y]
         held += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-        entry = _state_bytes(held)
+        entry = _state_bytes(held)  # (and stage 3's unit memory kept from the last step, which no tensor holds)
+        entry += sum(m.cache_bytes for m in wrapped.modules() if isinstance(m, ShardedDataParallel))
         del held
         with hpctp.PeakMemory(tensors=True) as live:
             step()

@@ -453,6 +453,53 @@ def test_predicted_state_equals_sharded_data_parallel() -> None:
         grid.free()
 
 
+def test_gradient_memory_follows_the_buckets_messages() -> None:
+    """Stages 0-2 hold a bucket whole from its first gradient until the next bucket is sent, in the order the
+    gradients arrive (here the last bucket's first parameter arrives first, as a model's output layer registered
+    before its blocks), then the sums: whole, slices, or one block of every slice from the first message."""
+    from hpctp.perf.memory import Bucket, _gradient_bytes
+    from hpctp.perf.workload import Trace
+
+    bks = [Bucket(20, 4, False, 0, (10, 10), (5, 4)), Bucket(10, 4, False, 0, (5, 5), (3, 2)),
+           Bucket(40, 4, False, 0, (20, 20), (1, 0))]  # fmt: skip
+    n = 7
+    tr = Trace(np.zeros((n, 4)), np.zeros((n, 4)), np.linspace(0, 1, n), np.ones(n), [""] * n, 0, {},
+               np.arange(n, dtype=float), (0, 5, 4, 3, 2, 1))  # fmt: skip
+    expected = {  # arrived = 0 .. 6; slices of 2 data ranks: 40, 20, 80 bytes
+        0: [0, 160, 240, 240, 280, 280, 280],
+        1: [0, 160, 240, 240, 280, 240, 220],
+        2: [0, 160, 240, 380, 420, 340, 300],
+    }
+    for zero, want in expected.items():
+        assert _gradient_bytes(tr, bks, zero, 2).tolist() == want, zero
+
+
+def test_traced_gradient_arrival_is_the_backward_order() -> None:
+    """The trace's order of gradient arrivals is the order of a real backward's post-accumulate hooks."""
+    cfg = load_config(str(ROOT / "apps/configs/default.toml"), ["simulation.size=[16, 16]", "train.batch_size=2",
+                                                                "surrogate.width=4", "surrogate.modes=4"])  # fmt: skip
+    inputs = autoplan.planning_inputs(cfg)
+    work = trace(inputs["builder"], inputs["sample"], recompute=False)
+    grid = hpctp.ProcessGrid((1, 1, 1), comm=MPI.COMM_SELF)
+    pplan = ParallelPlan(grid, data=(0,), spatial=(1, 2))
+    torch.manual_seed(0)
+    net = inputs["builder"](pplan)
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    seen: list[int] = []
+    for i, p in enumerate(trainable):
+        p.register_post_accumulate_grad_hook(lambda q, i=i: seen.append(i))
+    smp = inputs["sample"]
+    mg = pplan.model_grid
+    lay = hpctp.Layout(smp.shape, mg.dims, (None, None, 0, 1))
+    x = hpctp.DistTensor(torch.randn(smp.shape, dtype=smp.torch_dtype), mg, lay)
+    net(x).local.square().sum().backward()
+    assert len(work.params) == len(trainable)
+    assert work.traces[False].arrival == tuple(seen)
+    assert seen != sorted(seen, reverse=True)  # (the FNO's lifting and projection come before its layers)
+    pplan.free()
+    grid.free()
+
+
 def test_search_of_4096_ranks_is_fast() -> None:
     """4096 ranks of a ViT on a 4096 x 4096 field: thousands of candidates in seconds (the trace aside)."""
     if WORLD.Get_size() > 1:

@@ -9,14 +9,18 @@ slices, about ``P / D``):
 =====  ==========  ====================================  =======  ======================================
 stage  parameters  gradients (backward / at the step)    Adam     extra
 =====  ==========  ====================================  =======  ======================================
-0      ``P``       flat bucket buffers ``P`` / ``P``     ``2 P``  step temporary ``P``
-1      ``P + S``   flat bucket buffers ``P`` / ``S``     ``2 S``  step temporary ``S``
-2      ``P + S``   a bucket in flight + ``S`` / ``S``    ``2 S``  step temporary ``S``
-3      ``S``       one unit's + ``S`` / ``S``            ``2 S``  two gathered units in forward/backward
+0      ``P``       two buckets + those summed / ``P``    ``2 P``  step temporary ``P``
+1      ``P + S``   two buckets + their slices / ``S``    ``2 S``  step temporary ``S``
+2      ``P + S``   two buckets + ``S`` / ``S``           ``2 S``  step temporary ``S``
+3      ``S``       one unit's + ``S`` / ``S``            ``2 S``  gathered units: two in forward, one in
+                                                                     backward, one kept between steps
 =====  ==========  ====================================  =======  ======================================
 
 Activations are the trace's timeline (:class:`hpctp.perf.workload.Trace`) at the rank's block; the peak is
-the largest moment of forward and backward, with the gradients that exist then, or the optimizer step.
+the largest moment of forward and backward, with the gradients that exist then, or the optimizer step. In
+backward the gradients follow the buckets' messages: the bucket being filled holds its whole flat buffer, the
+last complete one stays whole until the next is sent, and the earlier ones are summed (stage 0: whole; 1: their
+slices; 2: one block of every slice, taken at the first message).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class Bucket:
     spatial: bool
     unit: int
     sizes: tuple[int, ...]
+    members: tuple[int, ...] = ()  # the parameters (the workload's indices), in packing order
 
     def slice(self, data: int) -> int:
         """Local. Elements of the largest slice over ``data`` ranks."""
@@ -142,7 +147,7 @@ def _buckets(work: Workload, cand: Candidate, params: list[int] | None) -> list[
                     groups.setdefault((p.itemsize, p.partial_spatial), []).append(i)
             for (item, sp), members in groups.items():
                 sizes = tuple(numels[i] for i in members)
-                out.append(Bucket(sum(sizes), item, sp, unit, sizes))
+                out.append(Bucket(sum(sizes), item, sp, unit, sizes, tuple(members)))
         return out
     filling: dict[tuple[int, bool], list[int]] = {}
     made: list[tuple[tuple[int, bool], list[int]]] = []
@@ -159,7 +164,7 @@ def _buckets(work: Workload, cand: Candidate, params: list[int] | None) -> list[
             del filling[key]
     for (item, sp), members in made:
         sizes = tuple(numels[i] for i in members)
-        out.append(Bucket(sum(sizes), item, sp, 0, sizes))
+        out.append(Bucket(sum(sizes), item, sp, 0, sizes, tuple(members)))
     return out
 
 
@@ -177,6 +182,45 @@ def _state(work: Workload, cand: Candidate, params: list[int] | None) -> tuple[i
             max((b.numel * b.itemsize for b in bks), default=0), units[0], units[1],
         )  # fmt: skip
     return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _gradient_bytes(trace: Trace, bks: list[Bucket], zero: int, data: int) -> np.ndarray:
+    """Local. Per snapshot of ``trace``, the gradient bytes a rank of stages 0-2 holds with the buckets ``bks`` (in
+    their sending order), from the order the traced gradients arrived in. A bucket holds its whole flat buffer
+    from its first gradient; it is sent once complete and every bucket before it was sent, and stays whole in
+    flight until the next one is sent (:data:`hpctp.nn.distributed.sharded.MAX_IN_FLIGHT`); then it is summed:
+    whole (stage 0), its slice (stage 1), or one block of every bucket's slice taken at the first message
+    (stage 2). Without the arrival order (an old trace), gradients arrive in the buckets' order."""
+    n = len(trace.grads)
+    if not bks:
+        return np.zeros(n)
+    if trace.arrival:
+        pos = {p: k for k, p in enumerate(trace.arrival)}
+        arrived = trace.arrived
+    else:  # the fraction of the gradients made, in bucket order
+        order = [i for b in bks for i in b.members]
+        pos = {p: k for k, p in enumerate(order)}
+        sizes = np.array([n_ * b.itemsize for b in bks for n_ in b.sizes], dtype=float)
+        made = np.concatenate([[0.0], np.cumsum(sizes)])
+        arrived = np.searchsorted(made, trace.grads * made[-1] + 1e-6, side="right") - 1.0
+    never = float(len(pos) + 1)  # (a parameter without a gradient: its bucket is sent by finish_gradients)
+    first = np.array([min((pos.get(i, never) for i in b.members), default=never) for b in bks])
+    last = np.array([max((pos.get(i, never) for i in b.members), default=never) for b in bks])
+    sent = np.maximum.accumulate(last)  # sent once this many + 1 gradients arrived
+    summed_at = np.append(sent[1:], np.inf)  # finished when the next is sent
+    whole = np.array([b.numel * b.itemsize for b in bks], dtype=float)
+    part = np.array([_ceil(b.numel, data) * b.itemsize for b in bks], dtype=float)
+    a = np.asarray(arrived, dtype=float)[:, None]
+    held = (a > first) & ~(a > summed_at)
+    done = a > summed_at
+    out = (held * whole).sum(axis=1)
+    if zero == 0:
+        out += (done * whole).sum(axis=1)
+    elif zero == 1:
+        out += (done * part).sum(axis=1)
+    else:
+        out += np.where((a > sent).any(axis=1), part.sum(), 0.0)
+    return out
 
 
 def _activations(trace: Trace, sh: Shares) -> np.ndarray:
@@ -225,21 +269,23 @@ def predict_memory(
         acts = acts - end + end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
         acts = acts + boundary
     g, bwd = trace.grads, trace.backward > 0
-    if z <= 1:
-        grads = np.minimum(whole, g * whole + biggest) + (g * slices if z == 1 else 0.0)
-    elif z == 2:
-        grads = np.minimum(g * whole, 2 * biggest) + g * slices
+    if z <= 2:
+        grads = _gradient_bytes(trace, buckets(work, cand, stage_params), z, cand.data)
     else:  # (the wrapper sums a unit's gradients before the next unit's backward: one unit's full gradients at a time)
-        grads = np.minimum(g * whole, u0) + g * slices
+        grads = np.minimum(g * whole, u0) + np.where(g > 0, slices, 0.0)
     grads = np.where(bwd, grads, 0.0)
-    buffers = float(u0 + u1) if z == 3 else 0.0
+    # stage 3 gathers a unit and prefetches the next in forward; in backward it prefetches only once a unit is done,
+    # so one unit is gathered beside the gradients; one unit's memory is kept between steps for the next gather
+    buffers = np.where(bwd, float(u0), float(u0 + u1)) if z == 3 else np.zeros(len(bwd))
     totals = params + optimizer + acts + grads + buffers + data
     j = int(np.argmax(totals)) if totals.size else -1
     grads_step = whole if z == 0 else slices
-    step_total = params + optimizer + temp + grads_step + data
+    kept = float(u0) if z == 3 else 0.0
+    step_total = params + optimizer + temp + grads_step + kept + data
     if j < 0 or step_total >= totals[j]:
-        return MemoryBreakdown(int(params), int(grads_step), int(optimizer + temp), 0, 0, int(data), "optimizer step",
-                               stage)  # fmt: skip
+        return MemoryBreakdown(int(params), int(grads_step), int(optimizer + temp), 0, int(kept), int(data),
+                               "optimizer step", stage)  # fmt: skip
     phase = "backward" if bwd[j] else "forward"
     act, grads_j = float(acts[j]), float(grads[j])
-    return MemoryBreakdown(int(params), int(grads_j), int(optimizer), int(act), int(buffers), int(data), phase, stage)
+    return MemoryBreakdown(int(params), int(grads_j), int(optimizer), int(act), int(buffers[j]), int(data), phase,
+                           stage)  # fmt: skip

@@ -360,12 +360,9 @@ def data_messages(
                 out.append(Message("bwd", "Iallreduce", "allreduce", axes, n, n, n, 1, True, "data"))
         else:
             if d > 1:
-                for i in range(len(b.sizes)):
-                    c = pack.tensor_counts(i)
-                    others = sum(c) - c[data_rank]
-                    out.append(Message("bwd", "Ireduce_scatter", "reduce_scatter", (1,), sum(c) * item, others * item,
-                                       c[data_rank] * item * (d - 1), sum(1 for r, x in enumerate(c) if x and r != data_rank),
-                                       True, "data"))  # fmt: skip
+                out.append(Message("bwd", "Ireduce_scatter", "reduce_scatter", (1,), b.numel * item,
+                                   (b.numel - mine) * item, mine * item * (d - 1),
+                                   sum(1 for r, x in enumerate(counts) if x and r != data_rank), True, "data"))  # fmt: skip
             if b.spatial and spatial:
                 n = mine * item
                 out.append(Message("step", "Iallreduce", "allreduce", spatial, n, n, n, 1, False, "data"))
@@ -407,7 +404,6 @@ def _data_parallel(
         if cand.zero <= 1:
             grads.append(machine.message_time("allreduce", n, q, machine.level(dims, axes)))
         else:
-            # (a bucket's reduce-scatters, one per parameter, are in flight together: their latencies overlap)
             grads.append(machine.message_time("reduce_scatter", b.numel * b.itemsize, d, data_level))
             if b.spatial and spatial:
                 q = math.prod(dims[a] for a in spatial)

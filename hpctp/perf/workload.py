@@ -286,21 +286,25 @@ class Trace:
     retained: dict[str, np.ndarray] = field(
         default_factory=dict
     )  # owner -> (rep, split) 8-vector at the end of forward
+    arrived: np.ndarray = field(default_factory=lambda: np.zeros(0))  # trainable parameters with a gradient at j
+    arrival: tuple[int, ...] = ()  # trainable parameters (indices) in the order their gradients arrived
 
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
         keep: list[int] = []
+        arrived = self.arrived if self.arrived.size else np.zeros(len(self.grads))
+        # (snapshots with different gradients are kept apart: the buckets' buffers rise and fall as they arrive)
         vec = np.concatenate([self.rep, self.split, self.grads[:, None], self.backward[:, None]], axis=1)
         order = np.argsort(-vec[:, :8].sum(axis=1))
         for j in order:
-            if not any(np.all(vec[j] <= vec[k] + 1e-9) for k in keep):
+            if not any(arrived[j] == arrived[k] and np.all(vec[j] <= vec[k] + 1e-9) for k in keep):
                 keep.append(int(j))
         if self.end_forward not in keep:
             keep.append(self.end_forward)
         keep.sort()
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
-                     keep.index(self.end_forward), self.retained)  # fmt: skip
+                     keep.index(self.end_forward), self.retained, arrived[idx], self.arrival)  # fmt: skip
 
 
 @dataclass
@@ -422,6 +426,9 @@ class _Probe(TorchDispatchMode):
         self.total = 0
         self.snapshots: list[tuple[dict[tuple[str, bool], int], bool]] = []
         self.snapshot_owner: list[str] = []
+        self.snapshot_arrived: list[int] = []  # parameters with a gradient at each snapshot
+        self.arrival: list[int] = []  # trainable parameters in the order their gradients arrived
+        self.arrival_set: set[int] = set()
         self.cur = ""
         self.cur_phase = False
         self.best = -1
@@ -438,8 +445,11 @@ class _Probe(TorchDispatchMode):
             self.by_key[k] -= nbytes
             self.total -= nbytes
 
-    def regrade(self, t: torch.Tensor) -> None:
-        """A parameter's gradient: move its storage to the gradients' key."""
+    def regrade(self, t: torch.Tensor, index: int) -> None:
+        """Trainable parameter ``index``'s gradient: note its arrival, move its storage to the gradients' key."""
+        if index not in self.arrival_set:
+            self.arrival_set.add(index)
+            self.arrival.append(index)
         key = t.untyped_storage()._cdata
         entry = self.live.get(key)
         if entry is None or entry[1] == (GRADS, False):
@@ -453,6 +463,7 @@ class _Probe(TorchDispatchMode):
         if self.best >= 0:
             self.snapshots.append(({k: v for k, v in self.best_snap.items() if v}, self.cur_phase))
             self.snapshot_owner.append(self.cur)
+            self.snapshot_arrived.append(len(self.arrival))
 
     def mark_end_forward(self) -> None:
         self._snapshot()
@@ -554,6 +565,8 @@ class _Run:
     calls: dict[str, int]
     order: list[str]
     entering: dict[str, int] = field(default_factory=dict)  # unit fqn -> bytes of the tensors it was called with
+    arrived: list[int] = field(default_factory=list)  # per snapshot: trainable parameters with a gradient
+    arrival: tuple[int, ...] = ()  # trainable parameters in the order their gradients arrived
 
 
 def _probe_plan(nspatial: int, tensor: bool) -> ParallelPlan:
@@ -703,7 +716,10 @@ def _run_probe(
             owners.stack.pop()
         owners.note(output, name)
 
-    hooks = [p.register_post_accumulate_grad_hook(lambda q: probe.regrade(q.grad)) for p in params if p.requires_grad]
+    trainable = [p for p in params if p.requires_grad]  # (the workload's parameters, in its order)
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda q, i=i: probe.regrade(q.grad, i)) for i, p in enumerate(trainable)
+    ]
     root = names[id(model)]
     try:
         _step(model, plan, sample, batch, fieldsizes, (pre, post), probe, probe.mark_end_forward,
@@ -713,7 +729,8 @@ def _run_probe(
             h.remove()
     probe._snapshot()
     return _Run(probe.snapshots, probe.snapshot_owner, probe.end_forward, dict(probe.flops), dict(probe.kernels),
-                dict(probe.elementwise), shapes, calls, order, entering)  # fmt: skip
+                dict(probe.elementwise), shapes, calls, order, entering, probe.snapshot_arrived,
+                tuple(probe.arrival))  # fmt: skip
 
 
 def _geometry(
@@ -963,7 +980,8 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
         if key[0] != GRADS:
             vec = Bilinear.fit([float(r.snapshots[end][0].get(key, 0)) for r in runs], bs, ps).vector
             retained[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
-    return Trace(rep, split, grads / top, backward, owners, end, dict(retained)).pruned()
+    arrived = np.array(runs[0].arrived, dtype=float) if len(runs[0].arrived) == n else np.zeros(n)
+    return Trace(rep, split, grads / top, backward, owners, end, dict(retained), arrived, runs[0].arrival).pruned()
 
 
 def _coarse(r: _Run) -> _Run:
@@ -976,7 +994,8 @@ def _coarse(r: _Run) -> _Run:
     keep = sorted(set(keep))
     return _Run([r.snapshots[i] for i in keep], [r.owners[i] for i in keep],
                 keep.index(r.end_forward) if r.end_forward in keep else 0, r.flops, r.kernels, r.elementwise,
-                r.shapes, r.calls, r.order)  # fmt: skip
+                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep] if r.arrived else [],
+                r.arrival)  # fmt: skip
 
 
 def _host_seconds(
@@ -1028,6 +1047,11 @@ def _host_seconds(
                     t3 = time.perf_counter()
                     best = [min(b, t) for b, t in zip(best, (t1 - t0, t2 - t1, t3 - t2))]
                 out[(rc, zero)] = (best[0], best[1], best[2])
+            # (stages 1 and 2 run the same host code: each gradient copied into its bucket's flat buffer, one
+            # message per bucket, a slice stepped; on one rank their times differ by noise alone, which would
+            # otherwise decide between two plans whose messages differ)
+            same = tuple(min(a, b) for a, b in zip(out[(rc, 1)], out[(rc, 2)]))
+            out[(rc, 1)] = out[(rc, 2)] = (same[0], same[1], same[2])
     finally:
         torch.set_num_threads(threads)
     return out

@@ -10,7 +10,7 @@ stage        parameters (``state``)           gradients
 0            whole, the model's own tensors   summed whole, handed back as views (``.grad``)
 1            whole, views of ``flat``;        summed whole, this rank's slice kept
              ``shard`` the optimizer's slice
-2            as 1                             reduce-scattered straight into the slice
+2            as 1                             reduce-scattered into the slice
 3            ``SHARDED``: ``flat`` has no     as 2
              storage, only ``shard`` exists;
              ``UNSHARDED`` inside a unit's
@@ -18,10 +18,10 @@ stage        parameters (``state``)           gradients
 ===========  ===============================  =============================================
 
 [Note: gradient buffers] Gradients never pile up and are never copied twice. A parameter's
-gradient is taken from it in its post-accumulate hook (``.grad`` is set back to None at once):
-stages 2-3 keep autograd's own tensor as this rank's sum and, once the bucket is complete, hand it
-to a reduce-scatter whose pieces land straight in the slice (one message per parameter, in packing
-order); stages 0-1 add it into one flat ``local`` buffer that is all-reduced. Each send buffer is
+gradient is taken from it in its post-accumulate hook (``.grad`` is set back to None at once) and
+added into the bucket's flat ``local`` buffer (its one copy); once the bucket is complete that buffer
+is all-reduced (stages 0-1) or reduce-scattered straight into the slice (stages 2-3): one message
+per bucket, whatever its number of parameters. Each send buffer is
 freed when its message completes (:class:`InFlight`), not at the end of backward, and the owner
 bounds the buckets in flight (:data:`hpctp.nn.distributed.sharded.MAX_IN_FLIGHT`); at stage 3 it also
 finishes them before the next unit's backward, so a backward holds one unit's full gradients at a time.
@@ -109,10 +109,8 @@ class Bucket:
         self.flat: torch.Tensor | None = None  # stages 1-3: the whole parameters are views of it
         self.shard: torch.nn.Parameter | None = None  # stages 1-3: this rank's slice, what the optimizer steps
         self.gathering: Pending | None = None
-        self.local: torch.Tensor | None = None  # stages 0-1: this rank's gradient sum since the last send, flat
+        self.local: torch.Tensor | None = None  # this rank's gradient sum since the last send, flat
         self.filled: set[int] = set()  # parameters written into ``local`` since it was allocated
-        self.grads: list[torch.Tensor | None] = [None] * len(self.params)  # stages 2-3: each parameter's sum
-        self.param_counts = [self.packing.tensor_counts(i) for i in range(len(self.params))]
         self.arrived: set[int] = set()  # parameters whose gradient arrived in the current backward
         self.reduced: torch.Tensor | None = None  # the summed gradient: whole (stage 0) or the slice (1-3)
         if stage >= 1:
@@ -198,25 +196,17 @@ class Bucket:
 
     # ------------------------------------------------------------------ gradients
     def add_gradient(self, index: int, grad: torch.Tensor) -> bool:
-        """Local. Add parameter ``index``'s gradient to this rank's sum; True once every parameter's gradient
-        arrived in this backward (the bucket is complete). Stages 2-3 keep the tensor autograd made as
-        the sum (it becomes the message's send buffer: no copy); stages 0-1 add it into ``local``."""
+        """Local. Add parameter ``index``'s gradient to this rank's sum in the flat ``local`` buffer; True once
+        every parameter's gradient arrived in this backward (the bucket is complete)."""
         with torch.no_grad():
-            if self.stage >= 2:
-                held = self.grads[index]
-                if held is None:
-                    self.grads[index] = grad.detach()
-                else:
-                    held.add_(grad)
+            if self.local is None:
+                self.local = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+            part = self.local[self.offsets[index] : self.offsets[index + 1]]
+            if index in self.filled:
+                part.add_(grad.reshape(-1))
             else:
-                if self.local is None:
-                    self.local = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-                part = self.local[self.offsets[index] : self.offsets[index + 1]]
-                if index in self.filled:
-                    part.add_(grad.reshape(-1))
-                else:
-                    part.copy_(grad.reshape(-1))
-                    self.filled.add(index)
+                part.copy_(grad.reshape(-1))
+                self.filled.add(index)
         self.arrived.add(index)
         return len(self.arrived) == len(self.params)
 
@@ -227,23 +217,23 @@ class Bucket:
     @property
     def pending(self) -> bool:
         """Local. Whether this rank holds gradients not sent yet."""
-        return self.local is not None or any(g is not None for g in self.grads)
+        return self.local is not None
 
     def send(self, slices: GradientSlices | None = None) -> InFlight:
-        """Collective over the bucket's axes (non-blocking). Start summing this rank's gradients (zeros for
-        parameters that got none): stages 0-1 one all-reduce of the flat buffer, stages 2-3 one
-        reduce-scatter per parameter (in packing order, straight from its gradient into its piece of
-        the slice: this step's slice in ``slices`` for the first sum); the bucket starts new sums afterwards."""
+        """Collective over the bucket's axes (non-blocking). Start summing this rank's flat gradient buffer
+        (zeros for parameters that got none): stages 0-1 one all-reduce, stages 2-3 one reduce-scatter
+        straight into this rank's slice (this step's slice in ``slices`` for the first sum); the bucket
+        starts new sums afterwards."""
         self.arrived.clear()
+        if self.local is None:
+            self.local = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        else:
+            for i in range(len(self.params)):
+                if i not in self.filled:
+                    self.local[self.offsets[i] : self.offsets[i + 1]].zero_()
+        buf, self.local = self.local, None
+        self.filled.clear()
         if self.stage <= 1:
-            if self.local is None:
-                self.local = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
-            else:
-                for i in range(len(self.params)):
-                    if i not in self.filled:
-                        self.local[self.offsets[i] : self.offsets[i + 1]].zero_()
-            buf, self.local = self.local, None
-            self.filled.clear()
             message = C.iallreduce(self.comm, buf) if self.comm.Get_size() > 1 else None
             return InFlight(self, [] if message is None else [message], [buf], None)
         direct = self.reduced is None  # the first sum lands in the slice's gradient itself, later ones beside it
@@ -253,17 +243,8 @@ class Bucket:
             target = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
         if direct:
             self.reduced = target
-        mine = {piece.tensor: piece for piece in self.pieces}
-        messages, bufs = [], []
-        for i, p in enumerate(self.params):
-            g = self.grads[i]
-            buf = g.reshape(-1) if g is not None else torch.zeros(p.numel(), dtype=self.dtype, device=self.device)
-            piece = mine.get(i)
-            recv = target[piece.at : piece.at + piece.stop - piece.start] if piece is not None else target[:0]
-            messages.append(C.ireduce_scatter(self.data_comm, buf, recv, self.param_counts[i]))
-            bufs.append(buf)
-        self.grads = [None] * len(self.params)
-        return InFlight(self, messages, bufs, None if direct else target)
+        message = C.ireduce_scatter(self.data_comm, buf, target, self.counts)
+        return InFlight(self, [message], [buf], None if direct else target)
 
     def accumulate(self, summed: torch.Tensor) -> None:
         """Local. Add a completed message's result (whole for stage 0, this rank's slice for 1-3)."""

@@ -422,6 +422,12 @@ class ShardedDataParallel(torch.nn.Module):
         to the next: :mod:`hpctp.nn.distributed._unit_memory`); the next gathers allocate it again."""
         self._unit_memory.clear()
 
+    @property
+    def cache_bytes(self) -> int:
+        """Local. Bytes kept between steps for gathering units (stage 3; what :meth:`empty_cache` frees), held by
+        no tensor: a measurement of live tensors adds them."""
+        return self._unit_memory.kept_bytes
+
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, torch.nn.Parameter]]:
