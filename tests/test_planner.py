@@ -463,7 +463,7 @@ def test_gradient_memory_follows_the_buckets_messages() -> None:
     bks = [Bucket(20, 4, False, 0, (10, 10), (5, 4)), Bucket(10, 4, False, 0, (5, 5), (3, 2)),
            Bucket(40, 4, False, 0, (20, 20), (1, 0))]  # fmt: skip
     n = 7
-    tr = Trace(np.zeros((n, 4)), np.zeros((n, 4)), np.linspace(0, 1, n), np.ones(n), [""] * n, 0, {},
+    tr = Trace(np.zeros((n, 4)), np.zeros((n, 4)), np.linspace(0, 1, n), np.ones(n), [""] * n, 0,
                np.arange(n, dtype=float), (0, 5, 4, 3, 2, 1))  # fmt: skip
     expected = {  # arrived = 0 .. 6; slices of 2 data ranks: 40, 20, 80 bytes
         0: [0, 160, 240, 240, 280, 280, 280],

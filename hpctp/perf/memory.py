@@ -118,7 +118,7 @@ class Bucket:
     spatial: bool
     unit: int
     sizes: tuple[int, ...]
-    members: tuple[int, ...] = ()  # the parameters (the workload's indices), in packing order
+    members: tuple[int, ...]  # the parameters (the workload's indices), in packing order
 
     def slice(self, data: int) -> int:
         """Local. Elements of the largest slice over ``data`` ranks."""
@@ -190,19 +190,10 @@ def _gradient_bytes(trace: Trace, bks: list[Bucket], zero: int, data: int) -> np
     from its first gradient; it is sent once complete and every bucket before it was sent, and stays whole in
     flight until the next one is sent (:data:`hpctp.nn.distributed.sharded.MAX_IN_FLIGHT`); then it is summed:
     whole (stage 0), its slice (stage 1), or one block of every bucket's slice taken at the first message
-    (stage 2). Without the arrival order (an old trace), gradients arrive in the buckets' order."""
-    n = len(trace.grads)
+    (stage 2)."""
     if not bks:
-        return np.zeros(n)
-    if trace.arrival:
-        pos = {p: k for k, p in enumerate(trace.arrival)}
-        arrived = trace.arrived
-    else:  # the fraction of the gradients made, in bucket order
-        order = [i for b in bks for i in b.members]
-        pos = {p: k for k, p in enumerate(order)}
-        sizes = np.array([n_ * b.itemsize for b in bks for n_ in b.sizes], dtype=float)
-        made = np.concatenate([[0.0], np.cumsum(sizes)])
-        arrived = np.searchsorted(made, trace.grads * made[-1] + 1e-6, side="right") - 1.0
+        return np.zeros(len(trace.grads))
+    pos = {p: k for k, p in enumerate(trace.arrival)}
     never = float(len(pos) + 1)  # (a parameter without a gradient: its bucket is sent by finish_gradients)
     first = np.array([min((pos.get(i, never) for i in b.members), default=never) for b in bks])
     last = np.array([max((pos.get(i, never) for i in b.members), default=never) for b in bks])
@@ -210,9 +201,9 @@ def _gradient_bytes(trace: Trace, bks: list[Bucket], zero: int, data: int) -> np
     summed_at = np.append(sent[1:], np.inf)  # finished when the next is sent
     whole = np.array([b.numel * b.itemsize for b in bks], dtype=float)
     part = np.array([_ceil(b.numel, data) * b.itemsize for b in bks], dtype=float)
-    a = np.asarray(arrived, dtype=float)[:, None]
-    held = (a > first) & ~(a > summed_at)
+    a = trace.arrived[:, None]
     done = a > summed_at
+    held = (a > first) & ~done
     out = (held * whole).sum(axis=1)
     if zero == 0:
         out += (done * whole).sum(axis=1)

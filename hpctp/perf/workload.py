@@ -283,17 +283,16 @@ class Trace:
     backward: np.ndarray
     owners: list[str]
     end_forward: int  # the last snapshot of forward
+    arrived: np.ndarray  # trainable parameters with a gradient at j
+    arrival: tuple[int, ...]  # trainable parameters (indices) in the order their gradients arrived
     retained: dict[str, np.ndarray] = field(
         default_factory=dict
     )  # owner -> (rep, split) 8-vector at the end of forward
-    arrived: np.ndarray = field(default_factory=lambda: np.zeros(0))  # trainable parameters with a gradient at j
-    arrival: tuple[int, ...] = ()  # trainable parameters (indices) in the order their gradients arrived
 
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
         keep: list[int] = []
-        arrived = self.arrived if self.arrived.size else np.zeros(len(self.grads))
-        # (snapshots with different gradients are kept apart: the buckets' buffers rise and fall as they arrive)
+        arrived = self.arrived  # (snapshots with different gradients are kept apart: bucket buffers rise and fall)
         vec = np.concatenate([self.rep, self.split, self.grads[:, None], self.backward[:, None]], axis=1)
         order = np.argsort(-vec[:, :8].sum(axis=1))
         for j in order:
@@ -304,7 +303,7 @@ class Trace:
         keep.sort()
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
-                     keep.index(self.end_forward), self.retained, arrived[idx], self.arrival)  # fmt: skip
+                     keep.index(self.end_forward), arrived[idx], self.arrival, self.retained)  # fmt: skip
 
 
 @dataclass
@@ -980,8 +979,8 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
         if key[0] != GRADS:
             vec = Bilinear.fit([float(r.snapshots[end][0].get(key, 0)) for r in runs], bs, ps).vector
             retained[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
-    arrived = np.array(runs[0].arrived, dtype=float) if len(runs[0].arrived) == n else np.zeros(n)
-    return Trace(rep, split, grads / top, backward, owners, end, dict(retained), arrived, runs[0].arrival).pruned()
+    arrived = np.array(runs[0].arrived, dtype=float)
+    return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained)).pruned()
 
 
 def _coarse(r: _Run) -> _Run:
@@ -994,8 +993,7 @@ def _coarse(r: _Run) -> _Run:
     keep = sorted(set(keep))
     return _Run([r.snapshots[i] for i in keep], [r.owners[i] for i in keep],
                 keep.index(r.end_forward) if r.end_forward in keep else 0, r.flops, r.kernels, r.elementwise,
-                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep] if r.arrived else [],
-                r.arrival)  # fmt: skip
+                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival)  # fmt: skip
 
 
 def _host_seconds(
