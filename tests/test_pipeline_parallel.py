@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,8 @@ _PLANS = {
             ],
         ),
         ((2,), (), (), 0, "skips", [*ALL, ("1f1b", 1, 2, False, False)]),
+        # (hpctp's linear layers: zero-bubble's W computes their weight gradients; [Note: deferred weight gradients])
+        ((2,), (), (), 0, "tensor", [("zero_bubble", 1, None, False, False), ("zero_bubble", 1, 2, False, False)]),
     ],  # fmt: skip
     3: [
         (
@@ -280,6 +283,53 @@ def test_messages_per_step_and_boundary(schedule: str) -> None:
         assert_equal(
             grid, sorted(stats.calls) if stats is not None else [], ["Irecv", "Isend"], "only sends and receives"
         )
+        plan.free()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: a first stage that ends its step well after the last stage ends its own."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLEEP)
+        return g
+
+
+class _Slow(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SlowBackward.apply(x)
+
+
+SLEEP = 0.05
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_measured_bubble_counts_a_rank_done_early_as_idle() -> None:
+    """idle_fraction() is 1 - busy / step with the slowest rank's step (step_seconds, the same on every rank): the
+    last stage, done while the first still runs its backward (a sleep per micro-batch), idles until the step ends."""
+    with hpctp.ProcessGrid((WORLD.size, 1)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        mlp = _mlp(None)
+        layers = [mlp[0], _Slow(), *mlp[1:]]  # (the first stage: a linear layer and the sleep)
+        p = WORLD.size
+        cuts = [0, 2, *(2 + (len(layers) - 2) * k // (p - 1) for k in range(1, p))]
+        model = PipelineParallel(layers, plan, schedule="gpipe", microbatches=M, cuts=cuts)
+        x, y = _batch("mlp", 0)
+        model.step(x, y, _loss(plan, "mlp"))
+        (_, start, end), spans = model.timeline[0], model.timeline[1:]
+        busy = sum(e - s for _, s, e in spans)
+        every = WORLD.allgather(model.step_seconds)
+        assert_all(grid, len(set(every)) == 1 and model.step_seconds >= end - start, f"step_seconds {every}")
+        assert_allclose(grid, np.array([model.idle_fraction()]), np.array([1 - busy / model.step_seconds]), rtol=1e-12)
+        if plan.pipeline_rank == p - 1:  # (the last stage's last backward ends before the first's M sleeps)
+            early = model.step_seconds - (end - start)
+        else:
+            early = SLEEP
+        assert_all(grid, early >= 0.5 * SLEEP, f"the last stage ended {early:.3f} s before the step (want >= sleep/2)")
         plan.free()
 
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import hpctp
 from hpctp.layout import block_cuts, block_range
 from hpctp.nn import NeighborhoodAttention2d, PatchEmbed2d, Unpatch2d, patch_aligned_layout
-from hpctp.nn.functional import attention
+from hpctp.nn.functional import attention, linear
 from hpctp.nn.init import seeded
 from hpctp.ops.autograd import allreduce_sum, sum_gradients
 from hpctp.ops.move import move_block
@@ -212,7 +212,7 @@ class _GlobalAttention(torch.nn.Module):
         n, rows, cols, e = t.shape
         d = e // self.heads
         h = self.part.units
-        qkv = F.linear(self.part.enter(t), self.qkv_weight.flatten(0, 1), self.qkv_bias.flatten())  # [.., 3 h d]
+        qkv = linear(self.part.enter(t), self.qkv_weight.flatten(0, 1), self.qkv_bias.flatten())  # [.., 3 h d]
         q, k, v = (a.unflatten(-1, (h, d)).permute(0, 3, 1, 2, 4) for a in qkv.split(h * d, dim=-1))
         if layout is None:  # one process: SDPA over the flattened tokens
             y = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3))
@@ -231,7 +231,7 @@ class _GlobalAttention(torch.nn.Module):
             )
             dq, dk, dv = (hpctp.DistTensor(a.contiguous(), grid, lay) for a in (q, k, v))
             y = attention(dq, dk, dv, schedule=self.schedule).local
-        partial = F.linear(y.permute(0, 2, 3, 1, 4).reshape(n, rows, cols, h * d), self.out_weight)
+        partial = linear(y.permute(0, 2, 3, 1, 4).reshape(n, rows, cols, h * d), self.out_weight)
         return self.part.leave(partial) + self.out_bias
 
 
@@ -268,8 +268,8 @@ class _MLP(torch.nn.Module):
             self.fc2_bias.copy_(fc2.bias)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        a = F.gelu(F.linear(self.part.enter(t), self.fc1_weight, self.fc1_bias))
-        return self.part.leave(F.linear(a, self.fc2_weight)) + self.fc2_bias
+        a = F.gelu(linear(self.part.enter(t), self.fc1_weight, self.fc1_bias))
+        return self.part.leave(linear(a, self.fc2_weight)) + self.fc2_bias
 
 
 class _TorchWindowAttention(torch.nn.Module):
@@ -289,7 +289,7 @@ class _TorchWindowAttention(torch.nn.Module):
     def forward(self, t: torch.Tensor, layout: None) -> torch.Tensor:
         """Local. ``t``: the token field ``[N, rows, cols, E]``."""
         n, rows, cols, e = t.shape
-        qkv = F.linear(t, self.in_proj_weight, self.in_proj_bias)
+        qkv = linear(t, self.in_proj_weight, self.in_proj_bias)
         q, k, v = (a.unflatten(-1, (self.heads, e // self.heads)).permute(0, 3, 1, 2, 4) for a in qkv.split(e, -1))
         mask = periodic_window_mask((rows, cols), self.kernel_size)
         y = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), attn_mask=mask)
@@ -375,7 +375,7 @@ class _TorchUnpatch(torch.nn.Module):
         self.patch = patch
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        y = F.linear(t.movedim(1, -1), self.weight, self.bias).movedim(-1, 1)  # [N, C p^2, rows, cols]
+        y = linear(t.movedim(1, -1), self.weight, self.bias).movedim(-1, 1)  # [N, C p^2, rows, cols]
         return F.pixel_shuffle(y, self.patch)
 
 

@@ -6,7 +6,9 @@ its spatial dims, and returns this rank's block of the result: the result equals
 collective over the grid (every rank must call them, in the same order); the backward of
 each halo fetch is its adjoint exchange (ghost gradients are sent back and summed into
 the owners' blocks). The Fourier layer :func:`spectral_conv` equals :func:`spectral_conv_fft`
-(``torch.fft``) on the gathered field.
+(``torch.fft``) on the gathered field. :func:`linear` is torch's linear (local), whose
+weight gradient a zero-bubble pipeline stage computes in its ``W`` pass: call it in your
+own layers for that.
 
 Inputs are plain local ``torch.Tensor`` blocks or :class:`hpctp.DistTensor` (torch local
 block); the result has the same kind. For plain blocks the global layout (which may be
@@ -14,6 +16,7 @@ uneven) is inferred collectively with one tiny ``Allgather`` per call; pass ``la
 skip it.
 """
 
+from ._deferred_weights import linear
 from .spatial.functional import (
     avg_pool2d,
     avg_pool3d,
@@ -42,6 +45,7 @@ __all__ = [
     "conv_transpose2d",
     "conv_transpose3d",
     "halo_pad",
+    "linear",
     "max_pool2d",
     "max_pool3d",
     "spatial_split",

@@ -1,5 +1,10 @@
 """Backward in two passes for zero-bubble schedules: the input gradient now (``B``), the weight gradients later (``W``).
 
+This is the split of any autograd graph. A stage whose linear layers call :func:`hpctp.nn.functional.linear`
+(hpctp's own do) splits without it: those layers' weight-gradient products simply wait (see [Note: deferred
+weight gradients] in :mod:`hpctp.nn._deferred_weights`, what the runtime uses whenever a stage's forward
+recorded one), and the walk below costs about a fifth more than a whole backward.
+
 [Note: split backward] ``torch.autograd.grad(outputs, inputs=[stage input])`` computes only what the input's
 gradient needs: an operation on the path from the outputs to the stage's input computes its input gradients
 and skips its weights' (autograd computes the outputs of a node that some requested input needs). Those

@@ -37,6 +37,7 @@ from ..._util.ints import is_int
 from ...comm import Pending, tags
 from ...layout import GroupTransferPlan, Layout, block_range, grid_coords, group_transfer_plan
 from ...tensor.core import DistTensor
+from .._deferred_weights import DeferredWeightGradients
 from ..distributed.plan import ParallelPlan
 from ..distributed.recompute import Checkpointed
 from ..distributed.sharded import ShardedDataParallel
@@ -114,6 +115,8 @@ class PipelineParallel(torch.nn.Module):
     timeline : list of (str, float, float)
         The last step's compute actions on this rank: ``(action, start, end)`` (seconds, ``perf_counter``),
         after ``("step", start, end)``.
+    step_seconds : float
+        The last step's actions' wall time on the slowest rank (the step every rank waits for).
 
     Raises
     ------
@@ -202,6 +205,7 @@ class PipelineParallel(torch.nn.Module):
         self._meta_known: dict[tuple[int, int], Described] = {}
         self._micro_of: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}  # the groups' shares -> cut
         self.timeline: list[tuple[str, float, float]] = []
+        self.step_seconds = 0.0
 
     # ------------------------------------------------------------------ construction
     def _balance(self, chain: list[torch.nn.Module], sample: Any) -> tuple[int, ...]:
@@ -322,6 +326,9 @@ class PipelineParallel(torch.nn.Module):
         t0 = time.perf_counter()
         run.execute(sched.actions(plan.pipeline_rank))
         self.timeline = [("step", t0, time.perf_counter()), *run.spans]
+        slowest = np.array([self.timeline[0][2] - t0])
+        C.allreduce(plan.grid.comm, slowest, "max")  # (a rank done early idles until the step ends)
+        self.step_seconds = float(slowest[0])
         for module in self.modules_of.values():
             if isinstance(module, ShardedDataParallel):
                 module.finish_gradients()
@@ -336,8 +343,10 @@ class PipelineParallel(torch.nn.Module):
         return loss
 
     def idle_fraction(self) -> float:
-        """Local. This rank's measured bubble in the last step: ``1 - busy / wall``, ``busy`` the compute spans of
-        :attr:`timeline` (forward, backward and weight passes, after their inputs arrived), ``wall`` the step's.
+        """Local. This rank's measured bubble in the last step: ``1 - busy / step``, ``busy`` the compute spans of
+        :attr:`timeline` (forward, backward and weight passes, after their inputs arrived), ``step`` the slowest
+        rank's wall time of the step (:attr:`step_seconds`: a rank whose actions end early waits for the others,
+        as the closed forms count it).
 
         Raises
         ------
@@ -346,8 +355,7 @@ class PipelineParallel(torch.nn.Module):
         """
         if not self.timeline:
             raise RuntimeError("PipelineParallel.idle_fraction: no step has run yet")
-        (_, a, b), spans = self.timeline[0], self.timeline[1:]
-        return 1.0 - sum(e - s for _, s, e in spans) / max(b - a, 1e-12)
+        return 1.0 - sum(e - s for _, s, e in self.timeline[1:]) / max(self.step_seconds, 1e-12)
 
     def _check_fit(self, inputs: Any, shares: tuple[int, ...], sizes: list[int]) -> None:
         """Collective over grid, once per input signature (the data groups' shares, the inputs' shape past dim 0 and
@@ -432,6 +440,7 @@ class _Step:
         self.received: dict[tuple[str, int, int], tuple[list[Pending], Callable[[], list[torch.Tensor]]]] = {}
         self.dinput: dict[tuple[int, int], list[torch.Tensor | None]] = {}  # per tensor of the stage's input
         self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
+        self.deferred: dict[tuple[int, int], DeferredWeightGradients] = {}  # [Note: deferred weight gradients]
         self.sends: list[tuple[Pending, torch.Tensor]] = []
         self.spans: list[tuple[str, float, float]] = []
         self.loss = 0.0
@@ -627,7 +636,12 @@ class _Step:
             x = self._description(s - 1, i).wrap(blocks, self.grid, moved_grid)  # type: ignore[union-attr]
         self.x[(s, i)] = x
         t0 = time.perf_counter()  # (after the input arrived: a span is computation, never waiting)
-        out = self.pipe.modules_of[s](x)
+        if s > 0 and self.pipe.schedule.split_backward and self.pipe._splittable[s]:
+            deferred = self.deferred[(s, i)] = DeferredWeightGradients()
+            with deferred.recording():
+                out = self.pipe.modules_of[s](x)
+        else:
+            out = self.pipe.modules_of[s](x)
         if s == self.last:
             target = _rows(self.targets, self.starts[i], self.starts[i + 1])
             loss = self.loss_fn(out, target) * self.share_of[i]
@@ -665,7 +679,14 @@ class _Step:
         x_blocks = blocks_of(self.x[(s, i)]) if s > 0 else []
         t0 = time.perf_counter()
         module = self.pipe.modules_of[s]
-        if self.pipe.schedule.split_backward and self.pipe._splittable[s]:
+        deferred = self.deferred.pop((s, i), None)
+        if deferred:  # B: autograd's backward, the linear layers' weight gradients left to W
+            with self._gradient_sync(a):
+                if roots:
+                    torch.autograd.backward(roots, None if s == self.last else grads)
+            self.dinput[(s, i)] = [b.grad for b in x_blocks]
+            self.weight_pass[(s, i)] = deferred.run
+        elif self.pipe.schedule.split_backward and self.pipe._splittable[s]:
             params = [p for p in _inner(module).parameters() if p.requires_grad]
             dx, weights = backward_input(roots, grads, x_blocks, params)
             self.weight_pass[(s, i)] = weights

@@ -41,6 +41,7 @@ from ...comm import ProcessGrid, check_grid
 from ...layout import Layout, block_cuts
 from ...tensor.core import DistTensor
 from .._amp import autocast_dtype, autocast_input
+from .._deferred_weights import linear as _linear
 from ..init import BlockReset, derive_seed, init_block
 from .agreement import ArgumentAgreement
 from .context_parallel import attention as context_attention
@@ -530,15 +531,11 @@ class MultiheadAttention(BlockReset, torch.nn.Module):
         d = self.head_dim
         w, bias = self.in_proj_weight, self.in_proj_bias
         if query is key and key is value:
-            qkv = torch.nn.functional.linear(
-                query, w.reshape(3 * hl * d, e), None if bias is None else bias.reshape(-1)
-            )
+            qkv = _linear(query, w.reshape(3 * hl * d, e), None if bias is None else bias.reshape(-1))
             q, k, v = qkv.reshape(b, lq, 3, hl, d).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q, k, v = (
-                torch.nn.functional.linear(t, w[i], None if bias is None else bias[i])
-                .reshape(b, t.shape[1], hl, d)
-                .transpose(1, 2)
+                _linear(t, w[i], None if bias is None else bias[i]).reshape(b, t.shape[1], hl, d).transpose(1, 2)
                 for i, t in enumerate((query, key, value))
             )
         mask, causal = attention_mask(
@@ -705,13 +702,11 @@ class MultiheadAttention(BlockReset, torch.nn.Module):
             return t.unflatten(-1, (hl, d)).movedim(-2, 1).contiguous()
 
         if key is query and value is query:
-            qkv = torch.nn.functional.linear(
-                enter(query), w.reshape(3 * hl * d, e), None if bias is None else bias.reshape(-1)
-            )
+            qkv = _linear(enter(query), w.reshape(3 * hl * d, e), None if bias is None else bias.reshape(-1))
             parts = [heads_first(p) for p in qkv.unflatten(-1, (3, hl * d)).unbind(-2)]
         else:
             parts = [
-                heads_first(torch.nn.functional.linear(enter(t), w[i], None if bias is None else bias[i]))
+                heads_first(_linear(enter(t), w[i], None if bias is None else bias[i]))
                 for i, t in enumerate((query, key, value))
             ]
         dq, dk, dv = (DistTensor(p, self.grid, self._head_layout(t)) for p, t in zip(parts, (query, key, value)))

@@ -48,6 +48,7 @@ from ...layout import Layout, block_cuts
 from ...linalg.plan import check_panel
 from ...linalg.summa import summa_block
 from .._amp import autocast_dtype
+from .._deferred_weights import linear as _linear
 from ..init import BlockReset, bias_seed, derive_seed, init_block
 from .agreement import ArgumentAgreement
 from .sequence_parallel import CopyToAxis, SumOverAxis
@@ -267,7 +268,7 @@ class ColumnParallelLinear(_BlockLinear):
         The caller entered the region (:func:`hpctp.nn.transformer.sequence_parallel.enter_parallel_region`),
         so the input gradient is summed over ``axis`` there.
         """
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Collective over grid. Ranks along ``axis`` only; ``[..., in] -> [..., out_local]`` (or ``[..., out]``).
@@ -360,7 +361,7 @@ class RowParallelLinear(_BlockLinear):
         The caller sums it over ``axis`` when leaving the region
         (:func:`hpctp.nn.transformer.sequence_parallel.leave_parallel_region`) and adds ``bias``.
         """
-        return torch.nn.functional.linear(x, self.weight)
+        return _linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Collective over grid. Ranks along ``axis`` only; ``[..., in_local] -> [..., out]``.

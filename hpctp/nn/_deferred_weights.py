@@ -1,0 +1,146 @@
+"""Linear layers whose weight gradients wait: the ``W`` pass of a zero-bubble pipeline, without a graph walk.
+
+[Note: deferred weight gradients] A zero-bubble schedule splits a stage's backward into ``B`` (the gradient of
+the stage's input, on the critical path to the previous stage) and ``W`` (the weights' gradients, to fill the
+bubble). For a linear layer ``y = x W^T + b`` the split is a matter of who computes ``dW = dy^T x``: while a
+:class:`DeferredWeightGradients` is active (:meth:`DeferredWeightGradients.recording`), :func:`linear` computes
+``y`` with the weight detached, so autograd's backward (``B``) computes ``dx`` (and the bias's gradient) but not
+``dW``; a hook on ``y`` keeps ``dy``, and :meth:`DeferredWeightGradients.run` (``W``) computes each ``dW`` from
+the kept ``x`` and ``dy`` and hands it to autograd at the weight (one accumulation each, so ``.grad``, its hooks
+and ShardedDataParallel's messages behave as in one backward; the other parameters' gradients, a bias's or a
+norm's, arrive in ``B``). ``B`` plus ``W`` of a stage of 4 transformer blocks then cost what its whole backward
+costs, within noise (one process: 24.3 against 24.2 ms); the generic split of any autograd graph
+(:mod:`hpctp.nn.pipeline_parallel._split_backward`), which remains for layers that do not call :func:`linear`,
+costs 1.2x. ``dW`` is computed and accumulated one layer at a time: holding them all until one accumulation call
+made ``W`` a third slower on the CPU (fresh pages for every gradient).
+
+Memory is what a whole backward holds: ``x`` (which the weight's gradient needs anyway) from forward until
+``W``, and ``dy`` from ``B`` until ``W``; the rest of the graph is freed by ``B``. Only a parameter or a view of
+one is deferred: a computed weight (``w * scale``) could have its graph freed by ``B`` when it is used elsewhere
+too, so its linear computes ``dW`` in ``B``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections import deque
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["DeferredWeightGradients", "linear"]
+
+_ACTIVE: contextvars.ContextVar[DeferredWeightGradients | None] = contextvars.ContextVar(
+    "hpctp_deferred_weight_gradients", default=None
+)
+
+
+class _Pending:
+    """One linear call's deferred weight gradient: its input, its weight and (after ``B``) its output's gradient."""
+
+    __slots__ = ("x", "weight", "version", "dy")
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor) -> None:
+        self.x, self.weight, self.version = x.detach(), weight, x._version
+        self.dy: torch.Tensor | None = None  # (set by the hook on the output, in B)
+
+    def keep(self, dy: torch.Tensor) -> None:
+        self.dy = dy
+
+
+class DeferredWeightGradients:
+    """Local. The weight gradients of the :func:`linear` calls made while recording, computed when :meth:`run`.
+
+    One object per forward whose backward is split (a pipeline stage's micro-batch); see
+    [Note: deferred weight gradients].
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[_Pending] = []
+
+    def __len__(self) -> int:
+        """Local. How many linear calls wait for their weight gradient."""
+        return len(self._pending)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[DeferredWeightGradients]:
+        """Local. Inside, :func:`linear` defers its weight gradient to this object."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def record(self, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
+        """Local. Remember that ``y = linear(x, weight.detach(), ...)`` owes ``weight`` its gradient."""
+        entry = _Pending(x, weight)
+        y.register_hook(entry.keep)
+        self._pending.append(entry)
+
+    def run(self) -> None:
+        """Local. Compute every recorded weight gradient and accumulate it into its weight (autograd: hooks run).
+
+        Calls whose output got no gradient in the backward (unused outputs) give none. Afterwards nothing is
+        recorded.
+
+        Raises
+        ------
+        RuntimeError
+            When a recorded input was modified in place after the forward (autograd's own error for a saved
+            tensor), before any gradient is accumulated.
+        """
+        pending = deque((e.x, e.dy, e.weight) for e in self._pending if e.dy is not None and e.x._version == e.version)
+        if len(pending) < sum(e.dy is not None for e in self._pending):
+            raise RuntimeError(
+                "DeferredWeightGradients: the input of a linear layer was modified in place between its forward and "
+                "the weight-gradient pass (W); clone it before modifying it"
+            )
+        self._pending = []
+        while pending:  # (each product freed once accumulated: one layer's dW at a time)
+            x, dy, w = pending.popleft()
+            with torch.no_grad():
+                if x.dtype != dy.dtype:  # (autocast cast x inside the linear: the same cast here)
+                    x = x.to(dy.dtype)
+                dw = dy.reshape(-1, dy.shape[-1]).mT @ x.reshape(-1, x.shape[-1])
+                if dw.dtype != w.dtype:
+                    dw = dw.to(w.dtype)
+            del x, dy
+            torch.autograd.backward([w], [dw])
+            del dw
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Local. ``torch.nn.functional.linear(x, weight, bias)``; inside a zero-bubble stage its weight gradient waits.
+
+    Outside :meth:`DeferredWeightGradients.recording` (and where the weight needs no gradient, or autograd is
+    off) this is torch's linear. Inside, ``weight``'s gradient is computed by the recording object's
+    :meth:`~DeferredWeightGradients.run` instead of by backward; the input's and the bias's are computed by
+    backward as always. Same values either way (the same product, ``dy^T x``).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[..., in_features]``.
+    weight : torch.Tensor
+        ``[out_features, in_features]`` (a parameter, or a view or cast of one).
+    bias : torch.Tensor, optional
+        ``[out_features]``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[..., out_features]``.
+    """
+    store = _ACTIVE.get()
+    if (
+        store is None
+        or not weight.requires_grad
+        or not (weight.is_leaf or weight._is_view())  # (a view's backward keeps no tensor: W can cross it)
+        or not torch.is_grad_enabled()
+        or not (x.requires_grad or (bias is not None and bias.requires_grad))  # (else no dy: backward computes dW)
+    ):
+        return torch.nn.functional.linear(x, weight, bias)
+    y = torch.nn.functional.linear(x, weight.detach(), bias)
+    store.record(x, weight, y)
+    return y
