@@ -334,7 +334,8 @@ class PipelineParallel(torch.nn.Module):
                 module.finish_gradients()
             else:
                 plan.sync_gradients(module)
-        loss = self._broadcast_loss(run.loss)
+        total = float(torch.stack(run.losses).to(torch.float64).sum()) if run.losses else 0.0
+        loss = self._broadcast_loss(total)
         if optimizer is not None:
             optimizer.step()
             for module in self.modules_of.values():
@@ -441,9 +442,10 @@ class _Step:
         self.dinput: dict[tuple[int, int], list[torch.Tensor | None]] = {}  # per tensor of the stage's input
         self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
         self.deferred: dict[tuple[int, int], DeferredWeightGradients] = {}  # [Note: deferred weight gradients]
+        self.device: torch.device | None = None
         self.sends: list[tuple[Pending, torch.Tensor]] = []
         self.spans: list[tuple[str, float, float]] = []
-        self.loss = 0.0
+        self.losses: list[torch.Tensor] = []  # (the weighted micro-batch losses: one host sync at the end, not m)
         self.last = pipe.schedule.n_stages - 1
         self.handlers: dict[ActionKind, Callable[[Action], None]] = {
             _K.F: self.forward, _K.B: self.backward, _K.W: self.weights, _K.SEND_F: self.send_activation,
@@ -571,7 +573,9 @@ class _Step:
         return tuple(out)
 
     def _device(self) -> torch.device:
-        return _stage_device(self.pipe.modules_of.values())
+        if self.device is None:  # (once per step: a walk of the modules costs more than posting a receive)
+            self.device = _stage_device(self.pipe.modules_of.values())
+        return self.device
 
     def receive_activation(self, a: Action) -> None:
         key = ("F", a.stage, a.microbatch)
@@ -645,7 +649,7 @@ class _Step:
         if s == self.last:
             target = _rows(self.targets, self.starts[i], self.starts[i + 1])
             loss = self.loss_fn(out, target) * self.share_of[i]
-            self.loss += float(loss.detach())
+            self.losses.append(loss.detach())
             out = loss
         self.y[(s, i)] = out
         self.spans.append((str(a), t0, time.perf_counter()))
