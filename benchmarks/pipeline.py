@@ -14,7 +14,8 @@ token sequences ``[batch, --tokens, embed]``, float32, one micro-batch ``--micro
 ``--steps`` steps (the first left out) for each ``m``:
 
 * **bubble**: from each rank's timeline of the step (``PipelineParallel.timeline``: the compute actions' spans), one
-  minus the time it computed over the step, averaged over the ranks; beside it the schedule's closed form (unit
+  minus the time it computed over the step (the slowest rank's, ``PipelineParallel.step_seconds``: a rank done early
+  idles until the step ends), averaged over the ranks (``PipelineParallel.idle_fraction``); beside it the schedule's closed form (unit
   ``F`` and ``B``; zero-bubble ``F = B = W``) and the simulator's predictions
   (:meth:`hpctp.nn.pipeline_parallel.Schedule.simulate`) with the measured ``F``, ``B`` and ``W`` times: their means
   over all stages (the schedule's own bubble), and each stage's own (what stages of unequal cost add: the last stage
