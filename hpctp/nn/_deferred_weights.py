@@ -26,14 +26,35 @@ import contextlib
 import contextvars
 from collections import deque
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
-__all__ = ["DeferredWeightGradients", "linear"]
+__all__ = ["DeferredWeightGradients", "LinearRecorder", "linear", "recording"]
 
-_ACTIVE: contextvars.ContextVar[DeferredWeightGradients | None] = contextvars.ContextVar(
+
+class LinearRecorder(Protocol):
+    """What :func:`linear` hands its deferrable calls to while :func:`recording`: a :class:`DeferredWeightGradients`,
+    or an observer (the planner's probe counts the bytes a zero-bubble ``W`` would keep)."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Local. ``linear(x, weight, bias)`` of a call whose weight gradient can wait."""
+        ...
+
+
+_ACTIVE: contextvars.ContextVar[LinearRecorder | None] = contextvars.ContextVar(
     "hpctp_deferred_weight_gradients", default=None
 )
+
+
+@contextlib.contextmanager
+def recording(recorder: LinearRecorder) -> Iterator[LinearRecorder]:
+    """Local. Inside, :func:`linear` hands every call whose weight gradient can wait to ``recorder``."""
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)
 
 
 class _Pending:
@@ -63,20 +84,17 @@ class DeferredWeightGradients:
         """Local. How many linear calls wait for their weight gradient."""
         return len(self._pending)
 
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[DeferredWeightGradients]:
+    def recording(self) -> contextlib.AbstractContextManager[LinearRecorder]:
         """Local. Inside, :func:`linear` defers its weight gradient to this object."""
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
+        return recording(self)
 
-    def record(self, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
-        """Local. Remember that ``y = linear(x, weight.detach(), ...)`` owes ``weight`` its gradient."""
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Local. ``linear(x, weight.detach(), bias)``, remembering that it owes ``weight`` its gradient."""
+        y = torch.nn.functional.linear(x, weight.detach(), bias)
         entry = _Pending(x, weight)
         y.register_hook(entry.keep)
         self._pending.append(entry)
+        return y
 
     def run(self) -> None:
         """Local. Compute every recorded weight gradient and accumulate it into its weight (autograd: hooks run).
@@ -113,7 +131,7 @@ class DeferredWeightGradients:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Local. ``torch.nn.functional.linear(x, weight, bias)``; inside a zero-bubble stage its weight gradient waits.
 
-    Outside :meth:`DeferredWeightGradients.recording` (and where the weight needs no gradient, or autograd is
+    Outside :func:`recording` (and where the weight needs no gradient, or autograd is
     off) this is torch's linear. Inside, ``weight``'s gradient is computed by the recording object's
     :meth:`~DeferredWeightGradients.run` instead of by backward; the input's and the bias's are computed by
     backward as always. Same values either way (the same product, ``dy^T x``).
@@ -132,15 +150,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     torch.Tensor
         ``[..., out_features]``.
     """
-    store = _ACTIVE.get()
+    recorder = _ACTIVE.get()
     if (
-        store is None
+        recorder is None
         or not weight.requires_grad
         or not (weight.is_leaf or weight._is_view())  # (a view's backward keeps no tensor: W can cross it)
         or not torch.is_grad_enabled()
         or not (x.requires_grad or (bias is not None and bias.requires_grad))  # (else no dy: backward computes dW)
     ):
         return torch.nn.functional.linear(x, weight, bias)
-    y = torch.nn.functional.linear(x, weight.detach(), bias)
-    store.record(x, weight, y)
-    return y
+    return recorder.linear(x, weight, bias)

@@ -222,6 +222,7 @@ def _activations(trace: Trace, sh: Shares) -> np.ndarray:
 def predict_memory(
     work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
     in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0, boundary: float = 0.0,
+    deferred: float = 0.0,
 ) -> MemoryBreakdown:  # fmt: skip
     """Local. The busiest rank's peak bytes by kind (see the module docstring).
 
@@ -241,6 +242,10 @@ def predict_memory(
     boundary : float
         Bytes a pipeline rank holds at its stages' cuts (the inputs received and outputs sent of the micro-batches
         in flight, one output gradient), counted with the activations.
+    deferred : float
+        Bytes a zero-bubble stage's ``B`` keeps for its ``W`` (the linear layers' inputs and output gradients of one
+        micro-batch), counted with the activations throughout backward (an upper bound: they build up as ``B``
+        frees the rest).
 
     Returns
     -------
@@ -258,7 +263,7 @@ def predict_memory(
     end = float(acts[trace.end_forward]) if acts.size else 0.0
     if cand.pipeline > 1 and acts.size:
         acts = acts - end + end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
-        acts = acts + boundary
+        acts = acts + boundary + np.where(trace.backward > 0, deferred, 0.0)
     g, bwd = trace.grads, trace.backward > 0
     if z <= 2:
         grads = _gradient_bytes(trace, buckets(work, cand, stage_params), z, cand.data)

@@ -154,20 +154,28 @@ def _microbatch_sizes(batch: int, data: int, m: int) -> list[list[int]]:
     return out
 
 
+GRAPH_WALK_KEEPS = 2.0
+"""What a micro-batch holds between its ``B`` and its ``W`` on a stage split by the graph walk
+(:mod:`hpctp.nn.pipeline_parallel._split_backward`), in units of its activations: the retained graph, and the
+gradients captured at the weights' boundaries (about its activations' bytes again)."""
+
+
 @lru_cache(maxsize=1024)
 def _in_flight(
     schedule: str, p: int, m: int, v: int, batch: int = 0, data: int = 1, weights: tuple[float, ...] | None = None,
-    gradients: bool = True,
+    gradients: bool = True, after_b: tuple[float, ...] | None = None,
 ) -> tuple[float, ...]:  # fmt: skip
     """The activations each pipeline rank holds at once, in units of all its stages' activations of one micro-batch
     of ``ceil(ceil(batch / data) / m)`` samples (the busiest data group's; ``batch`` 0: micro-batches of one size).
     ``weights[s]``: stage ``s``'s share of its rank's activations (default ``1 / v`` each). Under a split backward
-    (zero-bubble), a micro-batch between its ``B`` and its ``W`` also holds the gradients captured at the weights'
-    boundaries (about its activations' bytes again) on every stage but the first, whose ``B`` computes nothing
-    (``gradients`` False: left out; a micro-batch is then held from its ``F`` to its ``W``)."""
+    (zero-bubble) a micro-batch holds ``after_b[s]`` of its activations on stage ``s`` between its ``B`` and its
+    ``W`` (default :data:`GRAPH_WALK_KEEPS`; a stage whose linear layers' weight products wait holds their inputs
+    and output gradients only), on every stage but the first, whose ``B`` computes nothing (there, and with
+    ``gradients`` False, a micro-batch is held whole from its ``F`` to its ``W``)."""
     sched = pipeline_schedule(schedule, p, m, v)
     timeline = sched.simulate()
     w = weights or (1.0 / v,) * (p * v)
+    kept = after_b or (GRAPH_WALK_KEEPS,) * (p * v)
     groups: list[tuple[float, ...]] = [(1.0,) * m]
     if batch >= m:  # (each distinct cut once: most data groups share one)
         unit = math.ceil(math.ceil(batch / data) / m)
@@ -180,23 +188,24 @@ def _in_flight(
             held = 0.0
             for span in spans:
                 a = span.action
-                pending = int(split and gradients and a.stage > 0)
                 size = sizes[a.microbatch] * w[a.stage]
+                after = kept[a.stage] if split and gradients and a.stage > 0 else 1.0
                 if a.kind is ActionKind.F:
                     held += size
                 elif a.kind is ActionKind.B:
-                    held += size * (pending if split else -1)
+                    held += size * (after - 1.0) if split else -size
                 elif a.kind is ActionKind.W:
-                    held -= size * (1 + pending)
+                    held -= size * after
                 peak = max(peak, held)
         out.append(peak)
     return tuple(out)
 
 
-def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[np.ndarray]]]:
+def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[np.ndarray], list[np.ndarray]]]:
     """Per pipeline rank: its parameters, and per stage it holds (stage ``r``, ``r + p``, ...) the activations the
     stage keeps at the end of forward (coefficients of ``(1, b, p, b p)`` replicated over the tensor axis, then
-    divided by it), a share of the model's own (root) ones included."""
+    divided by it), a share of the model's own (root) ones included; and, alike, what its zero-bubble ``W`` keeps
+    after ``B`` (its linear layers' inputs and output gradients: [Note: deferred weight gradients])."""
     parts = cand.pipeline * cand.chunks
     key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
     if key not in work.cache:
@@ -204,14 +213,18 @@ def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[
         cuts = stage_cuts(work, parts)
         root = work.units[0]
         zero = np.zeros(8)
-        root_kept = sum((trace.retained.get(f, zero) for f in root.layers), zero) / parts
+
+        def total(of: dict[str, np.ndarray], units: Sequence[Any]) -> np.ndarray:
+            return sum((of.get(f, zero) for u in units for f in u.layers), zero)
+
+        root_kept, root_deferred = total(trace.retained, [root]) / parts, total(trace.deferred, [root]) / parts
         out = []
         for r in range(cand.pipeline):
             stages = [work.units[1 + cuts[s] : 1 + cuts[s + 1]] for s in range(r, parts, cand.pipeline)]
             params = sorted({i for units in stages for u in units for i in u.params} | set(root.params))
-            kept = [sum((trace.retained.get(f, zero) for u in units for f in u.layers), zero) + root_kept
-                    for units in stages]  # fmt: skip
-            out.append((params, kept))
+            kept = [total(trace.retained, units) + root_kept for units in stages]
+            deferred = [total(trace.deferred, units) + root_deferred for units in stages]
+            out.append((params, kept, deferred))
         work.cache[key] = out
     return work.cache[key]  # type: ignore[no-any-return]
 
@@ -243,21 +256,28 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     parts = _stage_parts(work, cand)
     p, v = cand.pipeline, cand.chunks
     weights = [1.0 / v] * (p * v)
+    after_b = [0.0 if cand.recompute else GRAPH_WALK_KEEPS] * (p * v)  # (a recomputing stage is not split)
     shares_of = []
-    for r, (_, kept) in enumerate(parts):
+    for r, (_, kept, deferred) in enumerate(parts):
         mine = [float(k[:4] @ f + sh.tensor * (k[4:] @ f)) for k in kept]
         shares_of.append(sum(mine) / total)
-        for c, k in enumerate(mine):
+        for c, (k, d) in enumerate(zip(mine, deferred)):
             weights[r + c * p] = k / sum(mine) if sum(mine) > 0 else 1.0 / v
+            waits = float(d[:4] @ f + sh.tensor * (d[4:] @ f))
+            if waits > 0 and k > 0 and not cand.recompute:  # (its linear layers' products wait: the graph is freed)
+                after_b[r + c * p] = waits / k
     peaks = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data,
-                       tuple(round(x, 6) for x in weights))  # fmt: skip
+                       tuple(round(x, 6) for x in weights), after_b=tuple(round(x, 6) for x in after_b))  # fmt: skip
     held = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data, gradients=False)
     cross = _boundaries(work, cand, sh)
     best: MemoryBreakdown | None = None
-    for r, (params, _) in enumerate(parts):
+    split = pipeline_schedule(cand.schedule, p, cand.microbatches, v).split_backward and not cand.recompute
+    for r, (params, _, deferred) in enumerate(parts):
         mine = [cross[s] + cross[s + 1] for s in range(r, p * v, p)]  # (each stage's input and output)
         boundary = held[r] * sum(mine) + max(cross[s + 1] for s in range(r, p * v, p))
-        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary)
+        for_w = [float(d[:4] @ f + sh.tensor * (d[4:] @ f)) for s, d in zip(range(r, p * v, p), deferred) if s > 0]
+        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary,
+                           max(for_w, default=0.0) if split else 0.0)  # fmt: skip
         if best is None or m.total > best.total:
             best = m
     assert best is not None  # (pipeline >= 2: the loop ran)

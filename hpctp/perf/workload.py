@@ -49,6 +49,7 @@ from torch.utils.flop_counter import flop_registry
 from ..comm import ProcessGrid
 from ..layout import Layout
 from ..nn import ParallelPlan, checkpoint_forward
+from ..nn._deferred_weights import recording as linear_recording
 from ..tensor.core import DistTensor
 
 __all__ = [
@@ -288,6 +289,9 @@ class Trace:
     retained: dict[str, np.ndarray] = field(
         default_factory=dict
     )  # owner -> (rep, split) 8-vector at the end of forward
+    deferred: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # owner -> (rep, split) 8-vector: what a zero-bubble stage keeps from B to W ([Note: deferred weight gradients])
 
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
@@ -303,7 +307,7 @@ class Trace:
         keep.sort()
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
-                     keep.index(self.end_forward), arrived[idx], self.arrival, self.retained)  # fmt: skip
+                     keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred)  # fmt: skip
 
 
 @dataclass
@@ -436,6 +440,21 @@ class _Probe(TorchDispatchMode):
         self.kernels: dict[tuple[str, str], float] = defaultdict(float)
         self.elementwise: dict[tuple[str, str], float] = defaultdict(float)
         self.end_forward = -1
+        self.deferred: dict[tuple[str, bool], int] = defaultdict(int)  # what a zero-bubble W keeps, per owner
+        self.deferred_inputs: set[int] = set()
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A linear call whose weight gradient a zero-bubble stage leaves to W (:func:`hpctp.nn.functional.linear`):
+        computed as always; W would keep its input's storage and its output's gradient, counted per owner."""
+        y = torch.nn.functional.linear(x, weight, bias)
+        if torch._C._current_graph_task_id() == -1:  # (forward only: a recomputation in backward is not split)
+            owner = self.owners.current()
+            key = x.untyped_storage()._cdata
+            if key not in self.deferred_inputs:
+                self.deferred_inputs.add(key)
+                self.deferred[(owner, self.split_of(owner, tuple(x.shape)))] += int(x.untyped_storage().nbytes())
+            self.deferred[(owner, self.split_of(owner, tuple(y.shape)))] += y.numel() * y.element_size()
+        return y
 
     def _free(self, key: int) -> None:
         entry = self.live.pop(key, None)
@@ -446,9 +465,13 @@ class _Probe(TorchDispatchMode):
 
     def regrade(self, t: torch.Tensor, index: int) -> None:
         """Trainable parameter ``index``'s gradient: note its arrival, move its storage to the gradients' key."""
-        if index not in self.arrival_set:
+        if index not in self.arrival_set:  # the moment the wrapper copies it into its bucket: a snapshot of its own
+            self._snapshot()  # (the moment before: the running module's largest so far)
             self.arrival_set.add(index)
             self.arrival.append(index)
+            self.best, self.best_snap = self.total, dict(self.by_key)
+            self._snapshot()  # (this gradient still counts as the module's bytes: autograd frees it after the copy)
+            self.best = -1
         key = t.untyped_storage()._cdata
         entry = self.live.get(key)
         if entry is None or entry[1] == (GRADS, False):
@@ -566,6 +589,7 @@ class _Run:
     entering: dict[str, int] = field(default_factory=dict)  # unit fqn -> bytes of the tensors it was called with
     arrived: list[int] = field(default_factory=list)  # per snapshot: trainable parameters with a gradient
     arrival: tuple[int, ...] = ()  # trainable parameters in the order their gradients arrived
+    deferred: dict[tuple[str, bool], int] = field(default_factory=dict)  # what a zero-bubble W keeps, per owner
 
 
 def _probe_plan(nspatial: int, tensor: bool) -> ParallelPlan:
@@ -721,15 +745,16 @@ def _run_probe(
     ]
     root = names[id(model)]
     try:
-        _step(model, plan, sample, batch, fieldsizes, (pre, post), probe, probe.mark_end_forward,
-              target_shape=shapes.get(root, (None, None))[1])  # fmt: skip
+        with linear_recording(probe):
+            _step(model, plan, sample, batch, fieldsizes, (pre, post), probe, probe.mark_end_forward,
+                  target_shape=shapes.get(root, (None, None))[1])  # fmt: skip
     finally:
         for h in hooks:
             h.remove()
     probe._snapshot()
     return _Run(probe.snapshots, probe.snapshot_owner, probe.end_forward, dict(probe.flops), dict(probe.kernels),
                 dict(probe.elementwise), shapes, calls, order, entering, probe.snapshot_arrived,
-                tuple(probe.arrival))  # fmt: skip
+                tuple(probe.arrival), dict(probe.deferred))  # fmt: skip
 
 
 def _geometry(
@@ -979,8 +1004,13 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
         if key[0] != GRADS:
             vec = Bilinear.fit([float(r.snapshots[end][0].get(key, 0)) for r in runs], bs, ps).vector
             retained[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
+    deferred: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(8))
+    for key in set().union(*(r.deferred for r in runs)):
+        vec = Bilinear.fit([float(r.deferred.get(key, 0)) for r in runs], bs, ps).vector
+        deferred[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
     arrived = np.array(runs[0].arrived, dtype=float)
-    return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained)).pruned()
+    return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained),
+                 dict(deferred)).pruned()  # fmt: skip
 
 
 def _coarse(r: _Run) -> _Run:
@@ -993,7 +1023,7 @@ def _coarse(r: _Run) -> _Run:
     keep = sorted(set(keep))
     return _Run([r.snapshots[i] for i in keep], [r.owners[i] for i in keep],
                 keep.index(r.end_forward) if r.end_forward in keep else 0, r.flops, r.kernels, r.elementwise,
-                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival)  # fmt: skip
+                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred)  # fmt: skip
 
 
 def _host_seconds(
