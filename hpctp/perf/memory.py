@@ -243,9 +243,9 @@ def predict_memory(
         Bytes a pipeline rank holds at its stages' cuts (the inputs received and outputs sent of the micro-batches
         in flight, one output gradient), counted with the activations.
     deferred : float
-        Bytes a zero-bubble stage's ``B`` keeps for its ``W`` (the linear layers' inputs and output gradients of one
+        Bytes of output gradients a zero-bubble stage's ``B`` keeps for its ``W`` (its linear layers', one
         micro-batch), counted with the activations throughout backward (an upper bound: they build up as ``B``
-        frees the rest).
+        goes).
 
     Returns
     -------

@@ -201,11 +201,14 @@ def _in_flight(
     return tuple(out)
 
 
-def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[np.ndarray], list[np.ndarray]]]:
+def _stage_parts(
+    work: Workload, cand: Candidate
+) -> list[tuple[list[int], list[np.ndarray], list[np.ndarray], list[np.ndarray]]]:
     """Per pipeline rank: its parameters, and per stage it holds (stage ``r``, ``r + p``, ...) the activations the
     stage keeps at the end of forward (coefficients of ``(1, b, p, b p)`` replicated over the tensor axis, then
     divided by it), a share of the model's own (root) ones included; and, alike, what its zero-bubble ``W`` keeps
-    after ``B`` (its linear layers' inputs and output gradients: [Note: deferred weight gradients])."""
+    after ``B`` (its linear layers' inputs and output gradients: [Note: deferred weight gradients]), and of that the
+    output gradients (the inputs are activations already until ``B`` reaches them)."""
     parts = cand.pipeline * cand.chunks
     key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
     if key not in work.cache:
@@ -217,14 +220,14 @@ def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[
         def total(of: dict[str, np.ndarray], units: Sequence[Any]) -> np.ndarray:
             return sum((of.get(f, zero) for u in units for f in u.layers), zero)
 
-        root_kept, root_deferred = total(trace.retained, [root]) / parts, total(trace.deferred, [root]) / parts
+        kinds = (trace.retained, trace.deferred, trace.deferred_grads)
+        roots = [total(of, [root]) / parts for of in kinds]
         out = []
         for r in range(cand.pipeline):
             stages = [work.units[1 + cuts[s] : 1 + cuts[s + 1]] for s in range(r, parts, cand.pipeline)]
             params = sorted({i for units in stages for u in units for i in u.params} | set(root.params))
-            kept = [total(trace.retained, units) + root_kept for units in stages]
-            deferred = [total(trace.deferred, units) + root_deferred for units in stages]
-            out.append((params, kept, deferred))
+            kept, deferred, grads = ([total(of, units) + base for units in stages] for of, base in zip(kinds, roots))
+            out.append((params, kept, deferred, grads))
         work.cache[key] = out
     return work.cache[key]  # type: ignore[no-any-return]
 
@@ -258,7 +261,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     weights = [1.0 / v] * (p * v)
     after_b = [0.0 if cand.recompute else GRAPH_WALK_KEEPS] * (p * v)  # (a recomputing stage is not split)
     shares_of = []
-    for r, (_, kept, deferred) in enumerate(parts):
+    for r, (_, kept, deferred, _) in enumerate(parts):
         mine = [float(k[:4] @ f + sh.tensor * (k[4:] @ f)) for k in kept]
         shares_of.append(sum(mine) / total)
         for c, (k, d) in enumerate(zip(mine, deferred)):
@@ -272,10 +275,10 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     cross = _boundaries(work, cand, sh)
     best: MemoryBreakdown | None = None
     split = pipeline_schedule(cand.schedule, p, cand.microbatches, v).split_backward and not cand.recompute
-    for r, (params, _, deferred) in enumerate(parts):
+    for r, (params, _, _, grads) in enumerate(parts):
         mine = [cross[s] + cross[s + 1] for s in range(r, p * v, p)]  # (each stage's input and output)
         boundary = held[r] * sum(mine) + max(cross[s + 1] for s in range(r, p * v, p))
-        for_w = [float(d[:4] @ f + sh.tensor * (d[4:] @ f)) for s, d in zip(range(r, p * v, p), deferred) if s > 0]
+        for_w = [float(d[:4] @ f + sh.tensor * (d[4:] @ f)) for s, d in zip(range(r, p * v, p), grads) if s > 0]
         m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary,
                            max(for_w, default=0.0) if split else 0.0)  # fmt: skip
         if best is None or m.total > best.total:

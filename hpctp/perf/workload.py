@@ -292,6 +292,7 @@ class Trace:
     deferred: dict[str, np.ndarray] = field(
         default_factory=dict
     )  # owner -> (rep, split) 8-vector: what a zero-bubble stage keeps from B to W ([Note: deferred weight gradients])
+    deferred_grads: dict[str, np.ndarray] = field(default_factory=dict)  # owner -> of that, the outputs' gradients
 
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
@@ -307,7 +308,8 @@ class Trace:
         keep.sort()
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
-                     keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred)  # fmt: skip
+                     keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred,
+                     self.deferred_grads)  # fmt: skip
 
 
 @dataclass
@@ -441,6 +443,7 @@ class _Probe(TorchDispatchMode):
         self.elementwise: dict[tuple[str, str], float] = defaultdict(float)
         self.end_forward = -1
         self.deferred: dict[tuple[str, bool], int] = defaultdict(int)  # what a zero-bubble W keeps, per owner
+        self.deferred_grads: dict[tuple[str, bool], int] = defaultdict(int)  # of that, the outputs' gradients
         self.deferred_inputs: set[int] = set()
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -453,7 +456,9 @@ class _Probe(TorchDispatchMode):
             if key not in self.deferred_inputs:
                 self.deferred_inputs.add(key)
                 self.deferred[(owner, self.split_of(owner, tuple(x.shape)))] += int(x.untyped_storage().nbytes())
-            self.deferred[(owner, self.split_of(owner, tuple(y.shape)))] += y.numel() * y.element_size()
+            dy = (owner, self.split_of(owner, tuple(y.shape)))
+            self.deferred[dy] += y.numel() * y.element_size()
+            self.deferred_grads[dy] += y.numel() * y.element_size()
         return y
 
     def _free(self, key: int) -> None:
@@ -590,6 +595,7 @@ class _Run:
     arrived: list[int] = field(default_factory=list)  # per snapshot: trainable parameters with a gradient
     arrival: tuple[int, ...] = ()  # trainable parameters in the order their gradients arrived
     deferred: dict[tuple[str, bool], int] = field(default_factory=dict)  # what a zero-bubble W keeps, per owner
+    deferred_grads: dict[tuple[str, bool], int] = field(default_factory=dict)  # of that, the outputs' gradients
 
 
 def _probe_plan(nspatial: int, tensor: bool) -> ParallelPlan:
@@ -754,7 +760,7 @@ def _run_probe(
     probe._snapshot()
     return _Run(probe.snapshots, probe.snapshot_owner, probe.end_forward, dict(probe.flops), dict(probe.kernels),
                 dict(probe.elementwise), shapes, calls, order, entering, probe.snapshot_arrived,
-                tuple(probe.arrival), dict(probe.deferred))  # fmt: skip
+                tuple(probe.arrival), dict(probe.deferred), dict(probe.deferred_grads))  # fmt: skip
 
 
 def _geometry(
@@ -1004,13 +1010,16 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
         if key[0] != GRADS:
             vec = Bilinear.fit([float(r.snapshots[end][0].get(key, 0)) for r in runs], bs, ps).vector
             retained[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
-    deferred: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(8))
-    for key in set().union(*(r.deferred for r in runs)):
-        vec = Bilinear.fit([float(r.deferred.get(key, 0)) for r in runs], bs, ps).vector
-        deferred[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
+    fitted: list[dict[str, np.ndarray]] = []
+    for name in ("deferred", "deferred_grads"):
+        per_owner: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(8))
+        for key in set().union(*(getattr(r, name) for r in runs)):
+            vec = Bilinear.fit([float(getattr(r, name).get(key, 0)) for r in runs], bs, ps).vector
+            per_owner[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
+        fitted.append(dict(per_owner))
     arrived = np.array(runs[0].arrived, dtype=float)
     return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained),
-                 dict(deferred)).pruned()  # fmt: skip
+                 *fitted).pruned()  # fmt: skip
 
 
 def _coarse(r: _Run) -> _Run:
@@ -1023,7 +1032,7 @@ def _coarse(r: _Run) -> _Run:
     keep = sorted(set(keep))
     return _Run([r.snapshots[i] for i in keep], [r.owners[i] for i in keep],
                 keep.index(r.end_forward) if r.end_forward in keep else 0, r.flops, r.kernels, r.elementwise,
-                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred)  # fmt: skip
+                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.deferred_grads)  # fmt: skip
 
 
 def _host_seconds(
