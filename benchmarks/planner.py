@@ -13,8 +13,9 @@ surrogate's training step (:class:`hpctp.nn.ShardedDataParallel`, Adam, the glob
 device and materialized by the wrapper) and measures:
 
 * **step**: the shortest of the slowest rank's step times, over ``--steps`` steps (after two warm-up steps) in each of
-  ``--cycles`` passes over the list of plans (each pass a job of its own, building every plan again): on a machine shared with other jobs
-  the shortest time is the one least disturbed by them;
+  ``--cycles`` passes over the list of plans (each pass a job of its own, building every plan again, and starting at
+  another plan: a job's first plan runs on a cold process): on a machine shared with other jobs the shortest time is
+  the one least disturbed by them;
 * **memory** (the measure the predictions are compared with): the live tensors of one more step, torch.profiler's
   allocation events (:class:`hpctp.PeakMemory` ``tensors=True``: what the allocator was asked for, without what it
   keeps after frees), plus the bytes alive on entry (parameters, slices, optimizer state, the batch), the largest
@@ -275,8 +276,12 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
     todo = runnable + over
     measured: dict[str, dict[str, Any]] = {}
     for cycle in range(args.cycles):  # (one job per pass: what a pass leaves allocated ends with its processes)
+        # each pass starts at another plan: the first plan of a job runs on a cold process (its heap, its caches),
+        # and in the ranked order that would be the top pick in every pass
+        k = cycle * len(todo) // args.cycles
+        order = todo[k:] + todo[:k]
         out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
-                           f"--plans={json.dumps([_spec(p.candidate) for p in todo])}",
+                           f"--plans={json.dumps([_spec(p.candidate) for p in order])}",
                            *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
                            *(["--no-memory"] if cycle else [])], jemalloc=True)  # fmt: skip
         for line in out.splitlines():

@@ -284,7 +284,7 @@ def predict_time(
             bmax += host_stage / 2
         boundary = _boundary_bytes(work, sh)
         lat = machine.message_time("p2p", boundary, 2, machine.level(cand.dims, (0,)))
-        split = cand.schedule == "zero_bubble"
+        split = cand.schedule == "zero_bubble" and not cand.recompute  # (a recomputing stage is not split)
         fb = (fmax, bmax / 2 if split else bmax, bmax / 2 if split else 0.0)
         step0, busy = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, 0.0)
         step1, _ = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, lat)

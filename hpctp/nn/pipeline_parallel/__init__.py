@@ -6,7 +6,8 @@ so), one concept per module: the IR of actions (``_actions.py``), the schedules 
 (``_validate.py``), the dry-run simulator (``_simulate.py``) and the stage balancer (``_balance.py``).
 A schedule is computed once by :func:`pipeline_schedule`, the same on every rank, and validated; the
 runtime (:class:`PipelineParallel`, ``runtime.py``: messages in ``_messages.py``, the zero-bubble split of
-backward in ``_split_backward.py``) executes :meth:`Schedule.actions` of its rank in order.
+backward: the linear layers' weight products deferred (``hpctp/nn/_deferred_weights.py``), any other graph walked in
+``_split_backward.py``) executes :meth:`Schedule.actions` of its rank in order.
 """
 
 from ._actions import Action, ActionKind, format_table
