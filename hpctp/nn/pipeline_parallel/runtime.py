@@ -684,24 +684,18 @@ class _Step:
         t0 = time.perf_counter()
         module = self.pipe.modules_of[s]
         deferred = self.deferred.pop((s, i), None)
-        if deferred:  # B: autograd's backward, the linear layers' weight gradients left to W
-            with self._gradient_sync(a):
-                if roots:
-                    torch.autograd.backward(roots, None if s == self.last else grads)
-            self.dinput[(s, i)] = [b.grad for b in x_blocks]
-            self.weight_pass[(s, i)] = deferred.run
-        elif self.pipe.schedule.split_backward and self.pipe._splittable[s]:
+        if not deferred and self.pipe.schedule.split_backward and self.pipe._splittable[s]:  # (the graph walk)
             params = [p for p in _inner(module).parameters() if p.requires_grad]
             dx, weights = backward_input(roots, grads, x_blocks, params)
             self.weight_pass[(s, i)] = weights
             self.dinput[(s, i)] = list(dx)
-        else:  # (zero-bubble on a stage with recomputed layers: the weights' gradients come here, W does nothing)
-            with self._gradient_sync(a, whole=True):
+        else:  # autograd's backward: every weight's gradient, or (deferred) all but the linear layers', left to W
+            with self._gradient_sync(a, whole=not deferred):
                 if roots:
                     torch.autograd.backward(roots, None if s == self.last else grads)
             self.dinput[(s, i)] = [b.grad for b in x_blocks]
-            if self.pipe.schedule.split_backward:
-                self.weight_pass[(s, i)] = _nothing
+            if self.pipe.schedule.split_backward:  # (a stage with recomputed layers: W does nothing)
+                self.weight_pass[(s, i)] = deferred.run if deferred else _nothing
         if s == 0:
             del self.x[(s, i)]
         self.spans.append((str(a), t0, time.perf_counter()))
