@@ -255,18 +255,22 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
         trace = work.traces[cand.recompute and True in work.traces]
         work.cache[key] = sum(trace.retained.values(), np.zeros(8))
     whole = work.cache[key]
-    total = float(whole[:4] @ f + sh.tensor * (whole[4:] @ f)) or 1.0
+
+    def at(vec: np.ndarray) -> float:  # (an 8-vector of (1, b, p, b p) coefficients, replicated then split, here)
+        return float(vec[:4] @ f + sh.tensor * (vec[4:] @ f))
+
+    total = at(whole) or 1.0
     parts = _stage_parts(work, cand)
     p, v = cand.pipeline, cand.chunks
     weights = [1.0 / v] * (p * v)
     after_b = [0.0 if cand.recompute else GRAPH_WALK_KEEPS] * (p * v)  # (a recomputing stage is not split)
     shares_of = []
     for r, (_, kept, deferred, _) in enumerate(parts):
-        mine = [float(k[:4] @ f + sh.tensor * (k[4:] @ f)) for k in kept]
+        mine = [at(k) for k in kept]
         shares_of.append(sum(mine) / total)
         for c, (k, d) in enumerate(zip(mine, deferred)):
             weights[r + c * p] = k / sum(mine) if sum(mine) > 0 else 1.0 / v
-            waits = float(d[:4] @ f + sh.tensor * (d[4:] @ f))
+            waits = at(d)
             if waits > 0 and k > 0 and not cand.recompute:  # (its linear layers' products wait: the graph is freed)
                 after_b[r + c * p] = waits / k
     peaks = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data,
@@ -278,7 +282,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     for r, (params, _, _, grads) in enumerate(parts):
         mine = [cross[s] + cross[s + 1] for s in range(r, p * v, p)]  # (each stage's input and output)
         boundary = held[r] * sum(mine) + max(cross[s + 1] for s in range(r, p * v, p))
-        for_w = [float(d[:4] @ f + sh.tensor * (d[4:] @ f)) for s, d in zip(range(r, p * v, p), grads) if s > 0]
+        for_w = [at(d) for s, d in zip(range(r, p * v, p), grads) if s > 0]
         m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary,
                            max(for_w, default=0.0) if split else 0.0)  # fmt: skip
         if best is None or m.total > best.total:
