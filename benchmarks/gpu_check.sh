@@ -75,9 +75,12 @@ else
 fi
 
 step "hpctp info, 2 ranks" "$MPIEXEC" -n 2 "$PY" -m hpctp info
+# GPU_CHECK_TESTS: the pytest arguments of this step (the dry run of tests/test_benchmarks.py names a few tests:
+# the main suite runs these files on the CPU anyway)
+read -r -a TESTS <<< "${GPU_CHECK_TESTS:-tests/test_device_blocks.py tests/test_comm.py}"
 for n in 1 2 4; do
   step "device-block and comm tests, $n rank(s)" "$MPIEXEC" -n "$n" tests/rank0_stdout.sh "$PY" -m pytest -q --with-mpi \
-    --timeout=120 tests/test_device_blocks.py tests/test_comm.py
+    --timeout=120 "${TESTS[@]}"
 done
 # The CUDA-aware path (device buffers handed to MPI, nothing staged) where the MPI library is not
 # CUDA-aware: torch and cupy allocate managed memory (benchmarks/managed_alloc.c), which that MPI
