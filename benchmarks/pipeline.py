@@ -20,6 +20,9 @@ token sequences ``[batch, --tokens, embed]``, float32, one micro-batch ``--micro
   (:meth:`hpctp.nn.pipeline_parallel.Schedule.simulate`) with the measured ``F``, ``B`` and ``W`` times: their means
   over all stages (the schedule's own bubble), and each stage's own (what stages of unequal cost add: the last stage
   computes the loss; under zero-bubble the first stage's ``B`` is empty and its ``W`` the whole backward);
+* **compute per micro-batch**: each rank's mean ``F + B + W`` time per micro-batch over its stages (the timeline's
+  spans); the slowest rank bounds the step (``m`` times it, plus the pipeline's fill), and every other rank idles the
+  difference, whatever the schedule;
 * **activations**: the peak of live tensor bytes in a step above what is alive before it (parameters, their
   gradients kept allocated, Adam's state), from torch.profiler's memory events (:class:`hpctp.PeakMemory`), the
   largest over the ranks (stages);
@@ -181,14 +184,24 @@ def _report(rows: list[dict[str, Any]]) -> None:
     p = rows[0]["ranks"]
     print(f"\n{p} ranks (pipeline {p}); activations: live tensor peak above a step's start, the largest stage")
     print("| schedule | m | bubble measured | closed form | simulated (mean F, B, W) | simulated (each stage's F, B, W) "
-          "| activations [MiB] | / GPipe's | step [s] | / data parallel |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| compute per micro-batch, rank 0 / 1 / ... [ms] | activations [MiB] | / GPipe's | step [s] "
+          "| / data parallel |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     gpipe = {r["m"]: r["activations"] for r in rows if r["schedule"] == "gpipe"}
     for r in rows:
         act = r["activations"] / 2**20
         ratio = r["activations"] / gpipe[r["m"]] if r["m"] in gpipe else float("nan")
+        busy = " / ".join(f"{t:.1f}" for t in _per_rank(r["stage_ms"], p))
         print(f"| {r['schedule']} | {r['m']} | {r['bubble']:.3f} | {r['closed']:.3f} | {r['simulated']:.3f} | "
-              f"{r['staged']:.3f} | {act:.1f} | {ratio:.2f} | {r['step']:.3f} | {r['step'] / r['data_parallel']:.2f} |")  # fmt: skip
+              f"{r['staged']:.3f} | {busy} | {act:.1f} | {ratio:.2f} | {r['step']:.3f} | "
+              f"{r['step'] / r['data_parallel']:.2f} |")  # fmt: skip
+
+
+def _per_rank(stage_ms: list[list[float]], p: int) -> list[float]:
+    """Each rank's computation per micro-batch: its stages' mean ``F + B + W`` (stage ``s`` on rank ``s % p``); the
+    largest bounds the step at ``m`` times it plus the pipeline's fill."""
+    per_stage = [sum(kind[s] for kind in stage_ms) for s in range(len(stage_ms[0]))]
+    return [sum(per_stage[s] for s in range(r, len(per_stage), p)) for r in range(p)]
 
 
 def main(argv: list[str] | None = None) -> None:
