@@ -265,6 +265,37 @@ def test_traced_bytes_a_zero_bubble_w_keeps_equal_a_real_forward() -> None:
     grid.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(300)
+def test_traced_bytes_a_zero_bubble_w_keeps_equal_a_real_forward_split_over_heads() -> None:
+    """With the heads on a tensor axis of every rank, the same fit (from one rank's trace) equals what each rank's
+    forward records: a row-parallel layer's input is divided by the axis (its weight's layout says so, where its
+    shape on one rank looks like its owner's replicated input), a column-parallel layer's output too."""
+    from hpctp.nn._deferred_weights import recording
+
+    size = WORLD.Get_size()
+    cfg = load_config(str(ROOT / "apps/configs/vit.toml"),
+                      ["surrogate.embed=24", "surrogate.heads=12", "surrogate.depth=2"])  # fmt: skip
+    inputs = autoplan.planning_inputs(cfg)
+    work = trace(inputs["builder"], Sample((2, 2, 32, 32), "float32", 4), recompute=False)
+    deferred = work.traces[False].deferred
+    grid = hpctp.ProcessGrid((1, 1, 1, size), comm=WORLD)
+    pplan = ParallelPlan(grid, data=(0,), spatial=(1, 2), tensor=(3,))
+    model = inputs["builder"](pplan)
+    b, field = 3, (48, 32)
+    lay = hpctp.Layout((b, 2, *field), pplan.model_grid.dims, (None, None, 0, 1))
+    x = hpctp.DistTensor(torch.randn(b, 2, *field), pplan.model_grid, lay)
+    counter = _LinearBytes()
+    with recording(counter):
+        model(x)
+    sh = shares(Sample((b, 2, *field), "float32", 4), Candidate(1, (1, 1), size))
+    predicted = sum(float(v[:4] @ sh.features + sh.tensor * (v[4:] @ sh.features)) for v in deferred.values())
+    assert_all(grid, abs(predicted - counter.total) <= 1e-9 * counter.total,
+               f"rank {grid.rank}: predicted {predicted} bytes, recorded {counter.total}")  # fmt: skip
+    pplan.free()
+    grid.free()
+
+
 def test_a_gradient_counts_from_its_arrival_not_from_its_layers_peak() -> None:
     """The trace's probe: a layer's largest moment (its backward workspace) comes before its gradient reaches the
     wrapper's bucket, so that snapshot has not seen the gradient arrive; the arrival (the wrapper's copy) is a

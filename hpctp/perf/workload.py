@@ -421,10 +421,14 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 class _Probe(TorchDispatchMode):
     """Follows the storages operators create, their owners and the flops, kernels and bytes of each module."""
 
-    def __init__(self, owners: _Owners, split_of: Callable[[str, tuple[int, ...]], bool], skip: set[int]) -> None:
+    def __init__(
+        self, owners: _Owners, split_of: Callable[[str, tuple[int, ...]], bool], skip: set[int],
+        tensor_dims: dict[int, int] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.owners = owners
         self.split_of = split_of
+        self.tensor_dims = tensor_dims or {}  # id(parameter) -> the dim the tensor axis splits (its layout's)
         self.param_storages = skip  # storages of parameters, buffers and the inputs (never counted)
         self.live: dict[int, tuple[int, tuple[str, bool]]] = {}
         self.by_key: dict[tuple[str, bool], int] = defaultdict(int)
@@ -452,14 +456,29 @@ class _Probe(TorchDispatchMode):
         y = torch.nn.functional.linear(x, weight, bias)
         if torch._C._current_graph_task_id() == -1:  # (forward only: a recomputation in backward is not split)
             owner = self.owners.current()
+            x_split, y_split = self._linear_split(owner, x, weight, y)
             key = x.untyped_storage()._cdata
             if key not in self.deferred_inputs:
                 self.deferred_inputs.add(key)
-                self.deferred[(owner, self.split_of(owner, tuple(x.shape)))] += int(x.untyped_storage().nbytes())
-            dy = (owner, self.split_of(owner, tuple(y.shape)))
+                self.deferred[(owner, x_split)] += int(x.untyped_storage().nbytes())
+            dy = (owner, y_split)
             self.deferred[dy] += y.numel() * y.element_size()
             self.deferred_grads[dy] += y.numel() * y.element_size()
         return y
+
+    def _linear_split(
+        self, owner: str, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor
+    ) -> tuple[bool, bool]:  # fmt: skip
+        """Whether a linear call's input and output are divided by the tensor axis: from its weight's layout where it
+        has one (the input where the tensor axis splits the weight's last dim, its input features, as a row-parallel
+        layer's; the output where it splits another, as a column-parallel layer's), which one rank's shapes cannot
+        tell (a row-parallel layer's input has its owner's input shape when the axis has one rank); else by shape."""
+        base = weight if weight._base is None else weight._base
+        dim = self.tensor_dims.get(id(base))
+        if dim is None:
+            return self.split_of(owner, tuple(x.shape)), self.split_of(owner, tuple(y.shape))
+        last = dim == base.dim() - 1
+        return last, not last
 
     def _free(self, key: int) -> None:
         entry = self.live.pop(key, None)
@@ -712,7 +731,7 @@ def _shapes(model: torch.nn.Module, plan: ParallelPlan, sample: Sample, batch: i
 
 def _run_probe(
     model: torch.nn.Module, plan: ParallelPlan, sample: Sample, batch: int, fieldsizes: tuple[int, ...],
-    tensor_layers: set[str],
+    tensor_layers: set[str], tensor_dims: dict[str, int],
 ) -> _Run:  # fmt: skip
     names = _names(model)
     shapes, calls, order = _shapes(model, plan, sample, batch, fieldsizes)  # (also fills the layers' caches)
@@ -725,7 +744,8 @@ def _run_probe(
     params = list(model.parameters())
     skip = {t.untyped_storage()._cdata for t in (*params, *model.buffers())}
     owners = _Owners()
-    probe = _Probe(owners, split_of, skip)
+    by_id = {id(p): tensor_dims[n] for n, p in model.named_parameters() if n in tensor_dims}
+    probe = _Probe(owners, split_of, skip, by_id)
 
     entering: dict[str, int] = {}
     children = {id(c) for c in model.children()}
@@ -910,7 +930,8 @@ def _trace(
     bs = (1, 2)
     ps = (float(math.prod(f0)), float(math.prod(f1)))
     probes = [(1, f0), (1, f1), (2, f0), (2, f1)]
-    runs = [_run_probe(model, plan, sample, b, f, tensor_layers) for b, f in probes]
+    tensor_dims = {p.name: p.tensor_dim for p in params if p.tensor_dim is not None}
+    runs = [_run_probe(model, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
     traces = {False: _fit_trace(runs, bs, ps)}
     variants = {False: _layers(model, runs, bs, fields, ps, tensor_layers, unit_of)}
     if recompute:
@@ -922,7 +943,7 @@ def _trace(
                 checkpoint_forward(m)
         elif callable(recompute):
             recompute(again)
-        cruns = [_run_probe(again, plan, sample, b, f, tensor_layers) for b, f in probes]
+        cruns = [_run_probe(again, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
         traces[True] = _fit_trace(cruns, bs, ps)
         variants[True] = _layers(again, cruns, bs, fields, ps, tensor_layers, unit_of)
     host = _host_seconds(builder, plan, sample, f0, recompute)
