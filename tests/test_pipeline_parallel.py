@@ -333,6 +333,37 @@ def test_the_measured_bubble_counts_a_rank_done_early_as_idle() -> None:
         plan.free()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_stage_lets_go_of_what_it_sent() -> None:
+    """A stage's peak of live tensors (torch.profiler's memory events) does not grow with the micro-batch count under
+    1F1B: the activations a stage sends on (once its backward is done with them) and the input gradients it sends
+    back are let go once their messages complete, not kept until the step ends (one per micro-batch)."""
+    width, rows = 256, 4
+    dx = rows * width * 4  # (one micro-batch's activation or input gradient, float32)
+    with hpctp.ProcessGrid((WORLD.size, 1)) as grid:
+        plan = ParallelPlan(grid, pipeline=0)
+        p = WORLD.size
+        peaks = []
+        for m in (2 * p, 6 * p):
+            torch.manual_seed(0)
+            model = PipelineParallel([torch.nn.Linear(width, width) for _ in range(p)], plan, schedule="1f1b",
+                                     microbatches=m)  # fmt: skip
+            x, y = torch.randn(m * rows, width), torch.randn(m * rows, width)
+
+            def loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                return global_mse_loss(out, t, plan.grid, plan.loss_axes)
+
+            model.step(x, y, loss)  # (descriptions exchanged, gradients allocated)
+            with hpctp.PeakMemory(tensors=True) as mem:
+                model.step(x, y, loss)
+            peaks.append(mem.tensors)
+        grown = peaks[1] - peaks[0]
+        assert_all(grid, grown < dx,
+                   f"stage {plan.pipeline_rank}: the peak grew by {grown} bytes from m = {2 * p} to {6 * p} "
+                   f"(one micro-batch's activation or gradient: {dx})")  # fmt: skip
+        plan.free()
+
+
 @pytest.mark.mpi
 def test_bad_pipelines_are_refused_on_every_rank() -> None:
     """Before any message: cuts that leave a stage empty, too few layers, zero=3 with zero-bubble, an axis with two

@@ -31,7 +31,7 @@ from hpctp.nn import (
     Upsample,
     global_mse_loss,
 )
-from hpctp.nn.pipeline_parallel import pipeline_schedule
+from hpctp.nn.pipeline_parallel import RECEIVE_AHEAD, pipeline_schedule
 from hpctp.perf import Candidate, Link, PlanError, Sample, load_machine, parse_bytes, plan, trace
 from hpctp.perf.machine import collective_time
 from hpctp.perf.memory import local_numel, predict_memory, shares
@@ -421,6 +421,29 @@ def test_bad_input_gives_a_message_naming_the_fix(vit_work: Any, tmp_path: Path,
     assert "no compute rates for float64" in err
     assert cli_main(["plan", *config, "--memory", "8GiB", "--machine", "a100-hdr", "--top", "2"]) == 0
     assert "chosen:" in capsys.readouterr().out
+
+
+def test_pipeline_message_buffers_follow_the_runtime_posting() -> None:
+    """The receive buffers a pipeline rank holds during each computation, per cut, as PipelineParallel posts them:
+    RECEIVE_AHEAD actions ahead (a gradient's once its forward ran), an activation kept as the stage's input until its
+    gradient is sent back, a gradient until its backward is done."""
+    from hpctp.perf.search import _message_buffers
+
+    def most(name: str, p: int, m: int, v: int, rank: int, ahead: int) -> tuple[int, ...]:
+        return max(_message_buffers(name, p, m, v, rank, ahead), key=sum)
+
+    # 1F1B, 2 ranks, 2 micro-batches: rank 0 runs B0 with both gradients' receives posted (B1's is within reach);
+    # rank 1 runs F0 with micro-batch 1's activation already posted beside micro-batch 0's
+    assert most("1f1b", 2, 2, 1, 0, RECEIVE_AHEAD) == (0, 2, 0)
+    assert most("1f1b", 2, 2, 1, 1, RECEIVE_AHEAD) == (0, 2, 0)
+    # GPipe: the last stage keeps every input until its backward; rank 0 runs B0 with B0-B2's gradients posted
+    # (3 actions ahead), or only B0's when nothing is posted ahead
+    assert most("gpipe", 2, 4, 1, 1, 3) == (0, 4, 0)
+    assert most("gpipe", 2, 4, 1, 0, 3) == (0, 3, 0)
+    assert most("gpipe", 2, 4, 1, 0, 0) == (0, 1, 0)
+    # interleaved: rank 1 holds stage 1's inputs (cut 1) while stage 3's arrive (cut 3)
+    assert most("interleaved", 2, 2, 2, 1, RECEIVE_AHEAD)[1] == 2
+    assert all(row[0] == 0 and row[-1] == 0 for r in range(3) for row in _message_buffers("zero_bubble", 3, 6, 1, r, 3))
 
 
 def test_pipeline_in_flight_follows_the_runtime_cuts_and_the_split_backward() -> None:

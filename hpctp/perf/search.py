@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..layout import block_range
-from ..nn.pipeline_parallel import SCHEDULES, ActionKind, pipeline_schedule
+from ..nn.pipeline_parallel import RECEIVE_AHEAD, SCHEDULES, ActionKind, pipeline_schedule
 from .machine import MachineProfile
 from .memory import predict_memory, shares
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
@@ -201,6 +201,47 @@ def _in_flight(
     return tuple(out)
 
 
+@lru_cache(maxsize=1024)
+def _message_buffers(schedule: str, p: int, m: int, v: int, rank: int, ahead: int) -> tuple[tuple[int, ...], ...]:
+    """The pipeline message buffers rank ``rank`` holds during each of its computations, as counts per cut: entry
+    ``c`` of a row counts the buffers of one micro-batch crossing cut ``c`` (between stages ``c - 1`` and ``c``).
+
+    As :class:`hpctp.nn.PipelineParallel` runs the lowered schedule: a receive is posted (its buffer allocated) once it
+    is within ``ahead`` actions (:data:`hpctp.nn.pipeline_parallel.RECEIVE_AHEAD`), a gradient's only once its stage
+    has run that micro-batch's forward; a received activation is the stage's input until its gradient is sent back;
+    a received gradient lives until its stage's backward is done. A stage's own outputs are not counted (the next
+    layer keeps its input, so the trace counts them with the stage's activations), nor the buffers of sends (let go
+    as they complete)."""
+    actions = pipeline_schedule(schedule, p, m, v).action_lists[rank]
+    forwards_done: set[tuple[int, int]] = set()
+    posted: dict[tuple[ActionKind, int, int], int] = {}  # (kind, stage, micro-batch) -> the cut its buffer crosses
+    rows = []
+    for j, a in enumerate(actions):
+        held: set[ActionKind] = set()
+        for b in actions[j : j + 1 + ahead]:
+            if not b.kind.is_recv or b.kind in held:
+                continue
+            key = (b.kind, b.stage, b.microbatch)
+            if key in posted:
+                continue
+            if b.kind is ActionKind.RECV_B and (b.stage, b.microbatch) not in forwards_done:
+                held.add(b.kind)  # (MPI matches a kind's messages in posting order: the later ones wait too)
+                continue
+            posted[key] = b.stage if b.kind is ActionKind.RECV_F else b.stage + 1
+        if a.kind in (ActionKind.F, ActionKind.B, ActionKind.W):
+            counts = [0] * (p * v + 1)
+            for cut in posted.values():
+                counts[cut] += 1
+            rows.append(tuple(counts))
+        if a.kind is ActionKind.F:
+            forwards_done.add((a.stage, a.microbatch))
+        elif a.kind is ActionKind.B:
+            posted.pop((ActionKind.RECV_B, a.stage, a.microbatch), None)
+        elif a.kind is ActionKind.SEND_B:  # (the stage's input, whose gradient this is, is let go)
+            posted.pop((ActionKind.RECV_F, a.stage, a.microbatch), None)
+    return tuple(dict.fromkeys(rows))
+
+
 def _stage_parts(
     work: Workload, cand: Candidate
 ) -> list[tuple[list[int], list[np.ndarray], list[np.ndarray], list[np.ndarray]]]:
@@ -275,13 +316,12 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
                 after_b[r + c * p] = waits / k
     peaks = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data,
                        tuple(round(x, 6) for x in weights), after_b=tuple(round(x, 6) for x in after_b))  # fmt: skip
-    held = _in_flight(cand.schedule, p, cand.microbatches, v, work.sample.batch, cand.data, gradients=False)
     cross = _boundaries(work, cand, sh)
     best: MemoryBreakdown | None = None
     split = pipeline_schedule(cand.schedule, p, cand.microbatches, v).split_backward and not cand.recompute
     for r, (params, _, _, grads) in enumerate(parts):
-        mine = [cross[s] + cross[s + 1] for s in range(r, p * v, p)]  # (each stage's input and output)
-        boundary = held[r] * sum(mine) + max(cross[s + 1] for s in range(r, p * v, p))
+        rows = _message_buffers(cand.schedule, p, cand.microbatches, v, r, RECEIVE_AHEAD)
+        boundary = max(sum(n * c for n, c in zip(row, cross)) for row in rows)
         for_w = [at(d) for s, d in zip(range(r, p * v, p), grads) if s > 0]
         m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary,
                            max(for_w, default=0.0) if split else 0.0)  # fmt: skip

@@ -443,7 +443,7 @@ class _Step:
         self.weight_pass: dict[tuple[int, int], Callable[[], None]] = {}
         self.deferred: dict[tuple[int, int], DeferredWeightGradients] = {}  # [Note: deferred weight gradients]
         self.device: torch.device | None = None
-        self.sends: list[tuple[Pending, torch.Tensor]] = []
+        self.sends: list[tuple[Pending, torch.Tensor]] = []  # (the sends not known complete, and their buffers)
         self.spans: list[tuple[str, float, float]] = []
         self.losses: list[torch.Tensor] = []  # (the weighted micro-batch losses: one host sync at the end, not m)
         self.last = pipe.schedule.n_stages - 1
@@ -602,7 +602,10 @@ class _Step:
 
     def _send(self, block: torch.Tensor, p: Part, kind: str, stage: int, tag: int) -> None:
         """Send one tensor to ``stage``: whole to the counterpart, or (a layout changing on the way) each piece to
-        the rank that keeps it (``kind`` F: the activation's pieces; B: the gradient's, back)."""
+        the rank that keeps it (``kind`` F: the activation's pieces; B: the gradient's, back). The buffers of the
+        sends already complete are let go first: a stage would otherwise keep every input gradient it sent until
+        the step ends (``m`` of them)."""
+        self.sends = [(pending, data) for pending, data in self.sends if not pending.test()]
         if p.source is None:
             data = block.contiguous()
             self.sends.append((C.isend(self.comm, data, self._peer(stage), tag), data))
