@@ -163,15 +163,15 @@ gradients captured at the weights' boundaries (about its activations' bytes agai
 @lru_cache(maxsize=1024)
 def _in_flight(
     schedule: str, p: int, m: int, v: int, batch: int = 0, data: int = 1, weights: tuple[float, ...] | None = None,
-    gradients: bool = True, after_b: tuple[float, ...] | None = None,
+    after_b: tuple[float, ...] | None = None,
 ) -> tuple[float, ...]:  # fmt: skip
     """The activations each pipeline rank holds at once, in units of all its stages' activations of one micro-batch
     of ``ceil(ceil(batch / data) / m)`` samples (the busiest data group's; ``batch`` 0: micro-batches of one size).
     ``weights[s]``: stage ``s``'s share of its rank's activations (default ``1 / v`` each). Under a split backward
     (zero-bubble) a micro-batch holds ``after_b[s]`` of its activations on stage ``s`` between its ``B`` and its
     ``W`` (default :data:`GRAPH_WALK_KEEPS`; a stage whose linear layers' weight products wait holds their inputs
-    and output gradients only), on every stage but the first, whose ``B`` computes nothing (there, and with
-    ``gradients`` False, a micro-batch is held whole from its ``F`` to its ``W``)."""
+    and output gradients only), on every stage but the first, whose ``B`` computes nothing (there a micro-batch is
+    held whole from its ``F`` to its ``W``)."""
     sched = pipeline_schedule(schedule, p, m, v)
     timeline = sched.simulate()
     w = weights or (1.0 / v,) * (p * v)
@@ -189,7 +189,7 @@ def _in_flight(
             for span in spans:
                 a = span.action
                 size = sizes[a.microbatch] * w[a.stage]
-                after = kept[a.stage] if split and gradients and a.stage > 0 else 1.0
+                after = kept[a.stage] if split and a.stage > 0 else 1.0
                 if a.kind is ActionKind.F:
                     held += size
                 elif a.kind is ActionKind.B:

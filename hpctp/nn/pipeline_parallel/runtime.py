@@ -603,8 +603,8 @@ class _Step:
     def _send(self, block: torch.Tensor, p: Part, kind: str, stage: int, tag: int) -> None:
         """Send one tensor to ``stage``: whole to the counterpart, or (a layout changing on the way) each piece to
         the rank that keeps it (``kind`` F: the activation's pieces; B: the gradient's, back). The buffers of the
-        sends already complete are let go first: a stage would otherwise keep every input gradient it sent until
-        the step ends (``m`` of them)."""
+        sends already complete are let go first: a stage would otherwise keep every activation and input gradient
+        it sent until the step ends (``m`` of each)."""
         self.sends = [(pending, data) for pending, data in self.sends if not pending.test()]
         if p.source is None:
             data = block.contiguous()
