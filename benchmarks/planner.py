@@ -95,9 +95,12 @@ def _config(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- worker
 def _state_bytes(tensors: list[Any]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a resized-away storage counts 0)."""
+    """Bytes of the distinct storages behind ``tensors`` (a resized-away storage counts 0; a meta tensor, a layer
+    of another pipeline stage that this rank never materialized, none: meta storages all sit at address 0)."""
     seen: dict[int, int] = {}
     for t in tensors:
+        if t.device.type == "meta":
+            continue
         s = t.untyped_storage()
         seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
     return sum(seen.values())
