@@ -228,7 +228,7 @@ def _message_buffers(schedule: str, p: int, m: int, v: int, rank: int, ahead: in
                 held.add(b.kind)  # (MPI matches a kind's messages in posting order: the later ones wait too)
                 continue
             posted[key] = b.stage if b.kind is ActionKind.RECV_F else b.stage + 1
-        if a.kind in (ActionKind.F, ActionKind.B, ActionKind.W):
+        if a.kind.is_compute:
             counts = [0] * (p * v + 1)
             for cut in posted.values():
                 counts[cut] += 1
