@@ -143,7 +143,8 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
         g = torch.Generator().manual_seed(0)
         whole = torch.randn(smp.shape, generator=g, dtype=smp.torch_dtype)
         lay = hpctp.Layout((hi - lo, *smp.shape[1:]), plan.model_grid.dims, (None, None, *plan.spatial))
-        block = whole[lo:hi][lay.local_slices(plan.model_grid.coords)].contiguous()
+        # (a copy: a data group's rows are a view of the whole batch, whose storage a rank would never hold)
+        block = whole[lo:hi][lay.local_slices(plan.model_grid.coords)].clone()
         del whole
         x = hpctp.DistTensor(block, plan.model_grid, lay)
         y = torch.roll(block, 1, dims=-1).contiguous()
