@@ -4,6 +4,7 @@ ShardedDataParallel's."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import weakref
@@ -265,6 +266,95 @@ def test_traced_bytes_a_zero_bubble_w_keeps_equal_a_real_forward() -> None:
     grid.free()
 
 
+def _stage_peak(stage: list[torch.nn.Module], x: Any, last: bool, split: bool) -> int:
+    """Peak bytes one pipeline stage allocates for one micro-batch at one rank: forward, then backward from a
+    gradient of its output (the next stage's) or, on the last stage, from the trace's loss; with ``split`` as a
+    zero-bubble B (the linear layers' weight products deferred: their inputs and output gradients kept)."""
+    from hpctp.nn._deferred_weights import DeferredWeightGradients
+    from hpctp.nn.pipeline_parallel._messages import blocks_of
+
+    params = [p for m in stage for p in m.parameters()]
+    fixed = {t.untyped_storage().data_ptr() for t in (*params, *(b for m in stage for b in m.buffers()), *blocks_of(x))}
+    out = x
+    with torch.no_grad():  # (the output's shapes, for its gradient, made before counting)
+        for m in stage:
+            out = m(out)
+    grads = [torch.randn(b.shape) for b in blocks_of(out)]  # (as a message brings them: contiguous)
+    fixed |= {g.untyped_storage().data_ptr() for g in grads}
+    track = _Allocations(fixed)
+    hooks = [p.register_post_accumulate_grad_hook(lambda q: track.regrade(q.grad)) for p in params]
+    deferred = DeferredWeightGradients()
+    with track, deferred.recording() if split else contextlib.nullcontext():
+        out = x
+        for m in stage:
+            out = m(out)
+        blocks = blocks_of(out)
+        if last:  # (as the trace's step: the target exists beforehand, the loss's work counts)
+            pred = blocks[0]
+            loss = ((pred - grads[0]) ** 2).sum().to(torch.float64) / pred.numel()
+            loss.backward()
+        else:  # (as the runtime: outputs passed through from the first stage's input need no gradient)
+            pairs = [(o, g) for o, g in zip(blocks, grads) if o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    for h in hooks:
+        h.remove()
+    return track.peak
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_pipeline_stage_timeline_peaks_at_what_the_stage_allocates(parts: int, split: bool) -> None:
+    """What a pipeline stage holds while it computes one micro-batch, from the one-rank trace of the whole model
+    (its own units' bytes at the snapshots where they run: search._stage_timelines, above what they keep at the end
+    of forward, plus that), bounds the bytes the stage allocates running alone at other shapes: its backward's
+    temporaries, the loss's on the last stage, its output until its backward ends, and under zero-bubble (every
+    stage but the first) the linear layers' inputs and output gradients that B keeps for W; from above by at most
+    the gradients at its cuts, whose copies (from the message's layout, into the input's .grad) it counts throughout
+    backward."""
+    if WORLD.Get_size() > 1:
+        pytest.skip("one-rank test")
+    from hpctp.nn.pipeline_parallel.runtime import _detached
+    from hpctp.perf.memory import _bytes
+    from hpctp.perf.search import _stage_timelines
+    from hpctp.perf.timing import stage_cuts
+
+    cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["surrogate.embed=16", "surrogate.depth=2"])
+    inputs = autoplan.planning_inputs(cfg)
+    work = trace(inputs["builder"], Sample((2, 2, 32, 32), "float32", 4), recompute=False)
+    cand = Candidate(1, (1, 1), pipeline=parts, schedule="zero_bubble" if split else "1f1b", microbatches=parts)
+    timelines = _stage_timelines(work, cand, split)
+    cuts = stage_cuts(work, parts)
+    ut = work.traces[False].units
+    assert ut is not None
+    grid = hpctp.ProcessGrid((1, 1, 1), comm=MPI.COMM_SELF)
+    pplan = ParallelPlan(grid, data=(0,), spatial=(1, 2))
+    model = inputs["builder"](pplan)
+    assert [n for n, _ in model.named_children()] == [u.fqn for u in work.units[1:]]  # (the chain is the units)
+    for b, field in ((3, (48, 32)), (1, (64, 64))):
+        sh = shares(Sample((b, 2, *field), "float32", 4), Candidate(1, (1, 1)))
+        f = sh.features
+        x: Any = hpctp.DistTensor(torch.randn(b, 2, *field), pplan.model_grid,
+                                  hpctp.Layout((b, 2, *field), pplan.model_grid.dims, (None, None, 0, 1)))  # fmt: skip
+        for s in range(parts):
+            units = work.units[1 + cuts[s] : 1 + cuts[s + 1]]
+            stage = [model.get_submodule(u.fqn) for u in units]
+            kept = sum(ut.owned[u.fqn][ut.end_forward] for u in units)
+            if s == parts - 1:
+                kept = kept + ut.owned.get(work.units[0].fqn, np.zeros((1, 8)))[ut.end_forward]
+            predicted = float(np.max(_bytes(timelines[s], sh))) + float(kept[:4] @ f + kept[4:] @ f)
+            measured = _stage_peak(stage, x, s == parts - 1, split and s > 0)
+            copies = sum(work.leaving[work.units[c].fqn](b, sh.points) for c in cuts[1:-1] if c in cuts[s : s + 2])
+            # (below by at most 2%: inside attention's backward the real kernels allocate a few KiB the trace's
+            # fake ones do not, 1% here)
+            assert 0.98 * measured <= predicted <= measured + copies + 1e-6, (b, field, s, predicted, measured, copies)
+            with torch.no_grad():  # (the next stage's input: this one's output, a leaf as the pipeline receives it)
+                for m in stage:
+                    x = m(x)
+            x = _detached(x)
+    pplan.free()
+    grid.free()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(300)
 def test_traced_bytes_a_zero_bubble_w_keeps_equal_a_real_forward_split_over_heads() -> None:
@@ -429,8 +519,8 @@ def test_pipeline_message_buffers_follow_the_runtime_posting() -> None:
     gradient is sent back, a gradient until its backward is done."""
     from hpctp.perf.search import _message_buffers
 
-    def most(name: str, p: int, m: int, v: int, rank: int, ahead: int) -> tuple[int, ...]:
-        return max(_message_buffers(name, p, m, v, rank, ahead), key=sum)
+    def most(name: str, p: int, m: int, v: int, rank: int, ahead: int, sizes: Any = None) -> tuple[float, ...]:
+        return max(_message_buffers(name, p, m, v, rank, ahead, sizes), key=sum)
 
     # 1F1B, 2 ranks, 2 micro-batches: rank 0 runs B0 with both gradients' receives posted (B1's is within reach);
     # rank 1 runs F0 with micro-batch 1's activation already posted beside micro-batch 0's
@@ -443,6 +533,8 @@ def test_pipeline_message_buffers_follow_the_runtime_posting() -> None:
     assert most("gpipe", 2, 4, 1, 0, 0) == (0, 1, 0)
     # interleaved: rank 1 holds stage 1's inputs (cut 1) while stage 3's arrive (cut 3)
     assert most("interleaved", 2, 2, 2, 1, RECEIVE_AHEAD)[1] == 2
+    # micro-batches of uneven sizes (a data group's 3 samples in the first of 2, in units of 2): weighted
+    assert most("1f1b", 2, 2, 1, 0, RECEIVE_AHEAD, (1.5, 0.0)) == (0, 1.5, 0)
     assert all(row[0] == 0 and row[-1] == 0 for r in range(3) for row in _message_buffers("zero_bubble", 3, 6, 1, r, 3))
 
 
@@ -574,6 +666,36 @@ def test_predicted_state_equals_sharded_data_parallel() -> None:
                              f"moments {moments} vs {mem.optimizer}")  # fmt: skip
         pplan.free()
         grid.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(WORLD.size not in (2, 6), reason="on 2 and 6 ranks (3 and 4 add no other kind of plan)")
+@pytest.mark.timeout(600)
+def test_predicted_peak_memory_is_within_15_percent_of_a_measured_step() -> None:
+    """The planner's peak memory of a rank against a training step's, measured as benchmarks/planner.py measures it
+    (the live tensors of a step, torch.profiler's events, plus what is alive on entry; the largest rank), within the
+    issue's 15%: a field split over every rank (the attention's K/V ring, whose dK/dV pieces the one-rank trace
+    does not see) and on an even world a zero-bubble pipeline of 2 stages over data groups (micro-batches uneven
+    per group, what W keeps, each stage's output held until its backward)."""
+    import importlib.util
+
+    from hpctp.perf.search import memory_of
+
+    spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    size = WORLD.Get_size()
+    cfg = bench._config(bench._args(["--set", "simulation.size=[32, 32]"]), "vit")  # (the benchmark's, smaller)
+    inputs = autoplan.planning_inputs(cfg)
+    work = trace(inputs["builder"], inputs["sample"], recompute=inputs["recompute"])
+    plans = [Candidate(1, (size, 1))]
+    if size % 2 == 0:
+        plans.append(Candidate(size // 2, (1, 1), 1, 2, 1, False, "zero_bubble", 2))
+    for cand in plans:
+        measured = bench._run_plan(cfg, cand, 1, memory=True)["memory"]
+        predicted = memory_of(work, cand).total
+        assert abs(predicted / measured - 1) <= 0.15, (cand.label(), predicted, measured)
 
 
 def test_gradient_memory_follows_the_buckets_messages() -> None:

@@ -79,7 +79,8 @@ def _pieces(tokens: int, most: int) -> int:
 def attention_messages(module: _GlobalAttention, site: Site) -> list[Message]:
     """Local. The ViT's global attention: the K/V ring over the spatial axes (forward: each block but the
     successor's, in up to ``RING_PIECES`` pieces; backward: the blocks again and every block's dK/dV, in up to
-    ``RING_PIECES_BACKWARD``), and the tensor axis's all-reduces."""
+    ``RING_PIECES_BACKWARD``, the dK/dV pieces in ``RING_GRAD_SLOTS`` buffers it holds), and the tensor axis's
+    all-reduces."""
     out = tensor_messages(site)
     if site.inputs is None or not site.spatial_axes() or module.schedule == "all_to_all":
         return out
@@ -115,8 +116,11 @@ def attention_messages(module: _GlobalAttention, site: Site) -> list[Message]:
     big = max(fwd) * per_token
     out.append(Message("fwd", "Isend", "p2p", axes, big, sum(fwd) * per_token, sum(recv) * per_token, sum(fp), True))
     grads = sum(steps) * per_token
+    acc = max(site.itemsize, 4)  # (dK/dV accumulate in float32, float64 in float64)
+    piece = max(-(-t // max(_pieces(t, context_parallel.RING_PIECES_BACKWARD), 1)) for t in steps)
+    held = context_parallel.RING_GRAD_SLOTS * piece * per_token // site.itemsize * acc  # (its K/V pieces: pooled)
     out.append(Message("bwd", "Isend", "p2p", axes, big, sum(fwd) * per_token + grads,
-                       sum(recv) * per_token + grads, sum(bp) + sum(gp), True))  # fmt: skip
+                       sum(recv) * per_token + grads, sum(bp) + sum(gp), True, held=held))  # fmt: skip
     return out
 
 

@@ -214,15 +214,20 @@ def _gradient_bytes(trace: Trace, bks: list[Bucket], zero: int, data: int) -> np
     return out
 
 
-def _activations(trace: Trace, sh: Shares) -> np.ndarray:
+def _bytes(trace: Trace, sh: Shares) -> np.ndarray:
     f = sh.features
-    return np.maximum(trace.rep @ f + sh.tensor * (trace.split @ f), 0.0)
+    return np.asarray(trace.rep @ f + sh.tensor * (trace.split @ f))
+
+
+def _activations(trace: Trace, sh: Shares) -> np.ndarray:
+    return np.maximum(_bytes(trace, sh), 0.0)
 
 
 def predict_memory(
     work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
     in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0, boundary: float = 0.0,
-    deferred: float = 0.0,
+    deferred: float = 0.0, timeline: Trace | None = None, largest: Shares | None = None,
+    held: tuple[float, float] = (0.0, 0.0),
 ) -> MemoryBreakdown:  # fmt: skip
     """Local. The busiest rank's peak bytes by kind (see the module docstring).
 
@@ -246,6 +251,15 @@ def predict_memory(
         Bytes of output gradients a zero-bubble stage's ``B`` keeps for its ``W`` (its linear layers', one
         micro-batch), counted with the activations throughout backward (an upper bound: they build up as ``B``
         goes).
+    timeline : Trace, optional
+        A pipeline rank's own snapshots, each with what its stage holds there above what it keeps at the end of
+        forward (:func:`hpctp.perf.search._stage_timelines`): added to the micro-batches in flight at
+        ``largest``'s micro-batch (default ``sh``: the micro-batch that computes may be the largest of uneven
+        ones). Without it, the whole model's timeline stands for the stage's.
+    largest : Shares, optional
+    held : tuple of float
+        Message buffers a layer holds while it computes, forward and backward, that the trace does not see
+        (:func:`hpctp.perf.timing.held_buffers`), counted with the activations throughout each pass.
 
     Returns
     -------
@@ -262,11 +276,21 @@ def predict_memory(
     acts = _activations(trace, sh)
     end = float(acts[trace.end_forward]) if acts.size else 0.0
     if cand.pipeline > 1 and acts.size:
-        acts = acts - end + end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
+        kept = end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight
+        if timeline is not None:  # (and what the micro-batch computing holds beyond them, at its stage's snapshots)
+            trace = timeline
+            acts = _bytes(timeline, largest or sh) + kept
+        else:
+            acts = acts - end + kept
         acts = acts + boundary + np.where(trace.backward > 0, deferred, 0.0)
     g, bwd = trace.grads, trace.backward > 0
+    if acts.size and any(held):
+        acts = acts + np.where(bwd, held[1], held[0])
     if z <= 2:
-        grads = _gradient_bytes(trace, buckets(work, cand, stage_params), z, cand.data)
+        bks = buckets(work, cand, stage_params)
+        grads = _gradient_bytes(trace, bks, z, cand.data)
+        if cand.pipeline > 1 and cand.microbatches > 1:  # (after a stage's first micro-batch its buckets hold the sums)
+            grads = np.where(bwd, np.maximum(grads, float(sum(b.numel * b.itemsize for b in bks))), grads)
     else:  # (the wrapper sums a unit's gradients before the next unit's backward: one unit's full gradients at a time)
         grads = np.minimum(g * whole, u0) + np.where(g > 0, slices, 0.0)
     grads = np.where(bwd, grads, 0.0)

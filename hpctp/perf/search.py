@@ -29,8 +29,8 @@ from ..nn.pipeline_parallel import RECEIVE_AHEAD, SCHEDULES, ActionKind, pipelin
 from .machine import MachineProfile
 from .memory import predict_memory, shares
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
-from .timing import LayerCost, layer_cost, predict_time, stage_cuts
-from .workload import LayerInfo, Workload
+from .timing import LayerCost, held_buffers, layer_cost, predict_time, stage_cuts
+from .workload import LayerInfo, Trace, Workload
 
 __all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of", "spearman"]
 
@@ -202,9 +202,12 @@ def _in_flight(
 
 
 @lru_cache(maxsize=1024)
-def _message_buffers(schedule: str, p: int, m: int, v: int, rank: int, ahead: int) -> tuple[tuple[int, ...], ...]:
-    """The pipeline message buffers rank ``rank`` holds during each of its computations, as counts per cut: entry
-    ``c`` of a row counts the buffers of one micro-batch crossing cut ``c`` (between stages ``c - 1`` and ``c``).
+def _message_buffers(
+    schedule: str, p: int, m: int, v: int, rank: int, ahead: int, sizes: tuple[float, ...] | None = None
+) -> tuple[tuple[float, ...], ...]:  # fmt: skip
+    """The pipeline message buffers rank ``rank`` holds during each of its computations, per cut: entry ``c`` of a
+    row counts the buffers of the micro-batches crossing cut ``c`` (between stages ``c - 1`` and ``c``), each
+    weighted by its size (``sizes[i]``: micro-batch ``i``'s, in units of the one a cut's bytes are for; default 1).
 
     As :class:`hpctp.nn.PipelineParallel` runs the lowered schedule: a receive is posted (its buffer allocated) once it
     is within ``ahead`` actions (:data:`hpctp.nn.pipeline_parallel.RECEIVE_AHEAD`), a gradient's only once its stage
@@ -229,9 +232,9 @@ def _message_buffers(schedule: str, p: int, m: int, v: int, rank: int, ahead: in
                 continue
             posted[key] = b.stage if b.kind is ActionKind.RECV_F else b.stage + 1
         if a.kind.is_compute:
-            counts = [0] * (p * v + 1)
-            for cut in posted.values():
-                counts[cut] += 1
+            counts = [0.0] * (p * v + 1)
+            for (_, _, i), cut in posted.items():
+                counts[cut] += 1.0 if sizes is None else sizes[i]
             rows.append(tuple(counts))
         if a.kind is ActionKind.F:
             forwards_done.add((a.stage, a.microbatch))
@@ -242,14 +245,12 @@ def _message_buffers(schedule: str, p: int, m: int, v: int, rank: int, ahead: in
     return tuple(dict.fromkeys(rows))
 
 
-def _stage_parts(
-    work: Workload, cand: Candidate
-) -> list[tuple[list[int], list[np.ndarray], list[np.ndarray], list[np.ndarray]]]:
+def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[np.ndarray], list[np.ndarray]]]:
     """Per pipeline rank: its parameters, and per stage it holds (stage ``r``, ``r + p``, ...) the activations the
     stage keeps at the end of forward (coefficients of ``(1, b, p, b p)`` replicated over the tensor axis, then
-    divided by it), a share of the model's own (root) ones included; and, alike, what its zero-bubble ``W`` keeps
-    after ``B`` (its linear layers' inputs and output gradients: [Note: deferred weight gradients]), and of that the
-    output gradients (the inputs are activations already until ``B`` reaches them)."""
+    divided by it), a share of the model's own (root) ones and its output included (the runtime holds it until the
+    stage's backward); and, alike, what its zero-bubble ``W`` keeps after ``B`` (its linear layers' inputs and
+    output gradients: [Note: deferred weight gradients])."""
     parts = cand.pipeline * cand.chunks
     key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
     if key not in work.cache:
@@ -261,14 +262,83 @@ def _stage_parts(
         def total(of: dict[str, np.ndarray], units: Sequence[Any]) -> np.ndarray:
             return sum((of.get(f, zero) for u in units for f in u.layers), zero)
 
-        kinds = (trace.retained, trace.deferred, trace.deferred_grads)
+        kinds = (trace.retained, trace.deferred)
         roots = [total(of, [root]) / parts for of in kinds]
+        ut = trace.units
+        freed = [zero] * parts  # (each stage's output the whole model let go of by the end of forward: the runtime
+        if ut is not None:  # holds it until the stage's backward)
+            for s in range(parts - 1):
+                out_of = ut.freed.get(work.units[cuts[s + 1]].fqn)
+                freed[s] = zero if out_of is None else out_of[ut.end_forward]
         out = []
         for r in range(cand.pipeline):
-            stages = [work.units[1 + cuts[s] : 1 + cuts[s + 1]] for s in range(r, parts, cand.pipeline)]
+            mine = list(range(r, parts, cand.pipeline))
+            stages = [work.units[1 + cuts[s] : 1 + cuts[s + 1]] for s in mine]
             params = sorted({i for units in stages for u in units for i in u.params} | set(root.params))
-            kept, deferred, grads = ([total(of, units) + base for units in stages] for of, base in zip(kinds, roots))
-            out.append((params, kept, deferred, grads))
+            kept, deferred = ([total(of, units) + base for units in stages] for of, base in zip(kinds, roots))
+            out.append((params, [k + freed[s] for k, s in zip(kept, mine)], deferred))
+        work.cache[key] = out
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def _stage_timelines(work: Workload, cand: Candidate, split: bool) -> list[Trace]:
+    """Per pipeline stage: the snapshots of the traced step at which its units compute, each with what the stage's
+    units hold there above what they keep at the end of forward (its transient: a backward's temporaries, or less
+    than all in forward), as a :class:`~hpctp.perf.workload.Trace` (gradients and phases of the whole step's).
+
+    A snapshot where no unit runs (the model's own code, the loss) belongs to the stage that ran last before it
+    (the first stage before any); the bytes the root and the loss hold count on the last stage, which computes the
+    loss. One micro-batch on its stage sees only its own units' bytes: what earlier stages hold is another rank's,
+    and what crosses a cut is a message buffer (:func:`_message_buffers`); its output stays until its backward
+    is done, wherever the whole model lets go of it. In backward the gradients at its cuts may each be copied once,
+    its output's from the message's layout into the one its backward works in, its input's into the input's
+    ``.grad`` (for the message back): counted throughout its backward, an upper bound. With a ``split`` backward
+    (zero-bubble; every stage but the first, whose ``B`` computes nothing) a linear layer's input and its output's
+    gradient stay after backward has used them, until ``W`` ([Note: deferred weight gradients]): they add up over
+    the stage's ``B`` (the trace's :data:`~hpctp.perf.workload.WAITS`)."""
+    parts = cand.pipeline * cand.chunks
+    key = ("stage timelines", parts, cand.recompute, split)
+    if key not in work.cache:
+        trace = work.traces[cand.recompute and True in work.traces]
+        ut = trace.units
+        cuts = stage_cuts(work, parts)
+        stage_of = {work.units[1 + k].fqn: s for s in range(parts) for k in range(cuts[s], cuts[s + 1])}
+        root = work.units[0].fqn
+        n = len(ut.running) if ut is not None else 0
+        zero = np.zeros((n, 8))
+        rows: list[list[int]] = [[] for _ in range(parts)]
+        current = 0
+        for j, unit in enumerate(ut.running if ut is not None else ()):
+            current = stage_of.get(unit, current)
+            rows[current].append(j)
+        out = []
+        for s in range(parts):
+            if ut is None or not rows[s]:  # (a trace without its units' timeline: no transient)
+                out.append(Trace(np.zeros((1, 4)), np.zeros((1, 4)), np.zeros(1), np.zeros(1), [""], 0, np.zeros(1),
+                                 trace.arrival))  # fmt: skip
+                continue
+            units = work.units[1 + cuts[s] : 1 + cuts[s + 1]]
+
+            def of(timeline: dict[str, np.ndarray], units: Sequence[Any] = units) -> np.ndarray:
+                return np.sum([timeline.get(u.fqn, zero) for u in units], axis=0)
+
+            held = of(ut.owned)
+            if s == parts - 1:
+                held = held + ut.owned.get(root, zero)
+            else:  # (its output, which the runtime holds until the stage's backward is done)
+                held = held + ut.freed.get(work.units[cuts[s + 1]].fqn, zero)
+            if split and s > 0:  # (what its W keeps that backward would have freed)
+                held = held + of(ut.waiting)
+            mine = np.array(rows[s])
+            vec = held[mine] - held[ut.end_forward]
+            for cut in [c for c in (cuts[s], cuts[s + 1]) if 0 < c < cuts[-1]]:  # (the gradients at its cuts' copies)
+                fit = work.leaving.get(work.units[cut].fqn)
+                if fit is not None:
+                    vec[ut.backward[mine], :4] += fit.vector
+            vec = np.vstack([vec, np.zeros((1, 8))])  # (and the end of forward: 0)
+            k = np.append(mine, ut.end_forward)
+            out.append(Trace(vec[:, :4], vec[:, 4:], ut.grads[k], np.append(ut.backward[mine], False).astype(float),
+                             [ut.running[i] for i in k], len(mine), ut.arrived[k], trace.arrival).pruned())  # fmt: skip
         work.cache[key] = out
     return work.cache[key]  # type: ignore[no-any-return]
 
@@ -289,7 +359,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     """Local. The busiest rank's predicted peak memory under ``cand`` (every pipeline rank tried)."""
     sh = shares(work.sample, cand)
     if cand.pipeline == 1:
-        return predict_memory(work, cand, sh)
+        return predict_memory(work, cand, sh, held=held_buffers(work, cand, sh))
     f = sh.features
     key = ("retained", cand.recompute)
     if key not in work.cache:
@@ -306,7 +376,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     weights = [1.0 / v] * (p * v)
     after_b = [0.0 if cand.recompute else GRAPH_WALK_KEEPS] * (p * v)  # (a recomputing stage is not split)
     shares_of = []
-    for r, (_, kept, deferred, _) in enumerate(parts):
+    for r, (_, kept, deferred) in enumerate(parts):
         mine = [at(k) for k in kept]
         shares_of.append(sum(mine) / total)
         for c, (k, d) in enumerate(zip(mine, deferred)):
@@ -319,12 +389,21 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     cross = _boundaries(work, cand, sh)
     best: MemoryBreakdown | None = None
     split = pipeline_schedule(cand.schedule, p, cand.microbatches, v).split_backward and not cand.recompute
-    for r, (params, _, _, grads) in enumerate(parts):
-        rows = _message_buffers(cand.schedule, p, cand.microbatches, v, r, RECEIVE_AHEAD)
+    timelines = _stage_timelines(work, cand, split)
+    sizes = _microbatch_sizes(work.sample.batch, cand.data, cand.microbatches)
+    largest = dataclasses.replace(sh, batch=max(sh.batch, *(n for g in sizes for n in g)))
+    units = list(dict.fromkeys(tuple(n / sh.batch for n in g) for g in sizes))  # (each data group's cut)
+    for r, (params, _, _) in enumerate(parts):
+        rows = [row for u in units for row in _message_buffers(cand.schedule, p, cand.microbatches, v, r,
+                                                                RECEIVE_AHEAD, u)]  # fmt: skip
         boundary = max(sum(n * c for n, c in zip(row, cross)) for row in rows)
-        for_w = [at(d) for s, d in zip(range(r, p * v, p), grads) if s > 0]
-        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary,
-                           max(for_w, default=0.0) if split else 0.0)  # fmt: skip
+        own: list[Trace] = [timelines[s] for s in range(r, p * v, p)]
+        rep, split_, grads, bwd, arrived = (np.concatenate([getattr(t, f) for t in own])
+                                            for f in ("rep", "split", "grads", "backward", "arrived"))  # fmt: skip
+        timeline = Trace(rep, split_, grads, bwd, [o for t in own for o in t.owners], own[0].end_forward, arrived,
+                         own[0].arrival)  # fmt: skip
+        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary, 0.0, timeline, largest,
+                           held_buffers(work, cand, largest))  # fmt: skip
         if best is None or m.total > best.total:
             best = m
     assert best is not None  # (pipeline >= 2: the loop ran)

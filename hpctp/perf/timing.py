@@ -42,6 +42,7 @@ __all__ = [
     "OPTIMIZER_KERNELS",
     "LayerCost",
     "data_messages",
+    "held_buffers",
     "layer_cost",
     "message_parts",
     "message_time",
@@ -165,6 +166,23 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         setattr(cost, phase, compute[phase])
         (cost.comm_fwd if phase == "fwd" else cost.comm_bwd).update(exposed)
     return cost
+
+
+def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, float]:
+    """Local. The most bytes of message buffers one layer holds while it computes (forward, backward) on the busiest
+    rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces)."""
+    key = ("held buffers", cand.spatial, cand.tensor, sh.batch)
+    if key not in work.cache:
+        coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
+        most = [0.0, 0.0]
+        for fqn, info in work.layers.items():
+            if fqn == OUTSIDE:
+                continue
+            msgs = layer_messages(info.module, _site(info, cand, sh, work, coords), info.tensor)
+            for k, phase in enumerate(("fwd", "bwd")):
+                most[k] = max(most[k], float(sum(m.held for m in msgs if m.phase == phase)))
+        work.cache[key] = (most[0], most[1])
+    return work.cache[key]  # type: ignore[no-any-return]
 
 
 def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:

@@ -12,7 +12,8 @@ running it (forward: module hooks; backward: the autograd node's module, recorde
   changes and at each module's largest moment. Across the four probes the snapshots line up, and each
   owner's bytes are fitted as ``c0 + cb b + cp p + cbp b p`` (``b``: samples, ``p``: field points), which
   the planner evaluates at a rank's block. The parameters' gradients are kept apart (the stage of
-  sharded data parallelism decides where they live).
+  sharded data parallelism decides where they live). The same timeline by sharding unit, every
+  snapshot (:class:`UnitTimeline`), gives what a pipeline stage holds while it computes.
 * **computation**: flops per module, direction and kind (GEMM, convolution, attention, FFT; torch's
   flop formulas), fitted the same way, except kernels whose flops grow with the square of the points
   (attention over every token), which a rank computes for its own queries against all keys; kernel
@@ -56,6 +57,7 @@ __all__ = [
     "CATEGORIES",
     "GRADS",
     "HOST_PROBE_BYTES",
+    "OUTPUTS",
     "OUTSIDE",
     "PROBE_POINTS",
     "Builder",
@@ -66,6 +68,8 @@ __all__ = [
     "Sample",
     "Trace",
     "UnitInfo",
+    "UnitTimeline",
+    "WAITS",
     "Workload",
     "default_layers",
     "fft_flops",
@@ -268,6 +272,31 @@ class UnitInfo:
     order: int  # place in the forward order
 
 
+@dataclass(frozen=True)
+class UnitTimeline:
+    """Local. The whole memory timeline of one step (every snapshot, none pruned) by sharding unit: what a pipeline
+    stage, a run of units, holds while it computes.
+
+    ``owned[u][j]``: the (rep, split) 8-vector of the activation bytes that unit ``u``'s modules created and still
+    hold at snapshot ``j`` (the root's own and those made outside any unit, e.g. the loss, under the root's name);
+    ``waiting[u][j]``: what a zero-bubble ``W`` of unit ``u`` would still hold there that backward has freed (its
+    linear layers' inputs and output gradients, :data:`WAITS`); ``freed[u][j]``: the bytes of unit ``u``'s output
+    (where it is one of the model's layers) that the step has let go of by ``j`` (:data:`OUTPUTS`);
+    ``running[j]``: the unit computing at ``j`` (the root's name where no unit is), ``modules[j]`` the module;
+    ``backward``, ``grads`` and ``arrived`` as :class:`Trace`'s.
+    """
+
+    owned: dict[str, np.ndarray]
+    waiting: dict[str, np.ndarray]
+    freed: dict[str, np.ndarray]
+    running: tuple[str, ...]
+    modules: tuple[str, ...]
+    backward: np.ndarray
+    grads: np.ndarray
+    arrived: np.ndarray
+    end_forward: int
+
+
 @dataclass
 class Trace:
     """Local. The fitted memory timeline of one step (with or without recomputation).
@@ -293,6 +322,7 @@ class Trace:
         default_factory=dict
     )  # owner -> (rep, split) 8-vector: what a zero-bubble stage keeps from B to W ([Note: deferred weight gradients])
     deferred_grads: dict[str, np.ndarray] = field(default_factory=dict)  # owner -> of that, the outputs' gradients
+    units: UnitTimeline | None = None  # the same timeline by unit, every snapshot
 
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
@@ -309,7 +339,7 @@ class Trace:
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
                      keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred,
-                     self.deferred_grads)  # fmt: skip
+                     self.deferred_grads, self.units)  # fmt: skip
 
 
 @dataclass
@@ -340,6 +370,9 @@ class Workload:
     entering : dict
         ``fqn -> Bilinear``: bytes of the tensors that enter each of the model's children (of ``b`` samples of
         ``p`` points): what crosses a pipeline cut before it.
+    leaving : dict
+        ``fqn -> Bilinear``: bytes of each child's outputs that backward differentiates: the gradient that comes
+        back over a pipeline cut after it.
     """
 
     sample: Sample
@@ -354,6 +387,7 @@ class Workload:
     probe_field: tuple[int, ...] = ()
     device: str = "cpu"
     entering: dict[str, Bilinear] = field(default_factory=dict)
+    leaving: dict[str, Bilinear] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # (the planner's memo)
 
     @property
@@ -372,6 +406,14 @@ OUTSIDE = "<step>"
 """The owner of the operators outside the model (the loss)."""
 GRADS = "<grads>"
 """The owner key of the parameters' gradients in a snapshot."""
+WAITS = "<waits>"
+"""Prefix of the owner keys, in a snapshot, of what a zero-bubble ``W`` would still hold where backward has freed it:
+the inputs and output gradients of the linear layers whose backward ran ([Note: deferred weight gradients]), by the
+linear's owner (not counted in the snapshot's total)."""
+OUTPUTS = "<outputs>"
+"""Prefix of the owner keys, in a snapshot, of the bytes of a model's layer's output (a child of the model: a chain's
+link, where a pipeline cuts) that the step has freed, by the layer: a pipeline stage holds its output until its
+backward ends, wherever the whole model lets go of it (not counted in the snapshot's total)."""
 
 
 class _Owners:
@@ -449,6 +491,8 @@ class _Probe(TorchDispatchMode):
         self.deferred: dict[tuple[str, bool], int] = defaultdict(int)  # what a zero-bubble W keeps, per owner
         self.deferred_grads: dict[tuple[str, bool], int] = defaultdict(int)  # of that, the outputs' gradients
         self.deferred_inputs: set[int] = set()
+        self.kept_for_w: dict[int, tuple[str, bool]] = {}  # storage -> its WAITS key: what W would keep
+        self.layer_outputs: dict[int, tuple[str, bool]] = {}  # storage -> its OUTPUTS key
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A linear call whose weight gradient a zero-bubble stage leaves to W (:func:`hpctp.nn.functional.linear`):
@@ -461,10 +505,17 @@ class _Probe(TorchDispatchMode):
             if key not in self.deferred_inputs:
                 self.deferred_inputs.add(key)
                 self.deferred[(owner, x_split)] += int(x.untyped_storage().nbytes())
+                self.kept_for_w[key] = (WAITS + owner, x_split)
             dy = (owner, y_split)
             self.deferred[dy] += y.numel() * y.element_size()
             self.deferred_grads[dy] += y.numel() * y.element_size()
+            if y.requires_grad:
+                y.register_hook(lambda g, k=(WAITS + owner, y_split): self._kept_by_w(g, k))
         return y
+
+    def _kept_by_w(self, grad: torch.Tensor, key: tuple[str, bool]) -> None:
+        """A deferred linear's output gradient arrived: W would keep its storage once backward frees it."""
+        self.kept_for_w.setdefault(grad.untyped_storage()._cdata, key)
 
     def _linear_split(
         self, owner: str, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor
@@ -486,6 +537,20 @@ class _Probe(TorchDispatchMode):
             nbytes, k = entry
             self.by_key[k] -= nbytes
             self.total -= nbytes
+            waits = self.kept_for_w.pop(key, None)
+            if waits is not None and torch._C._current_graph_task_id() != -1:  # (backward let go of it; W would not)
+                self.by_key[waits] += nbytes
+            output = self.layer_outputs.pop(key, None)
+            if output is not None:
+                self.by_key[output] += nbytes
+
+    def note_output(self, layer: str, value: Any) -> None:
+        """A model's layer returned ``value``: the storages it made there count under OUTPUTS once freed."""
+        for t in _tensors(value):
+            key = t.untyped_storage()._cdata
+            entry = self.live.get(key)
+            if entry is not None:
+                self.layer_outputs.setdefault(key, (OUTPUTS + layer, entry[1][1]))
 
     def regrade(self, t: torch.Tensor, index: int) -> None:
         """Trainable parameter ``index``'s gradient: note its arrival, move its storage to the gradients' key."""
@@ -615,6 +680,7 @@ class _Run:
     arrival: tuple[int, ...] = ()  # trainable parameters in the order their gradients arrived
     deferred: dict[tuple[str, bool], int] = field(default_factory=dict)  # what a zero-bubble W keeps, per owner
     deferred_grads: dict[tuple[str, bool], int] = field(default_factory=dict)  # of that, the outputs' gradients
+    leaving: dict[str, int] = field(default_factory=dict)  # unit fqn -> bytes of its differentiated outputs
 
 
 def _probe_plan(nspatial: int, tensor: bool) -> ParallelPlan:
@@ -748,6 +814,7 @@ def _run_probe(
     probe = _Probe(owners, split_of, skip, by_id)
 
     entering: dict[str, int] = {}
+    leaving: dict[str, int] = {}
     children = {id(c) for c in model.children()}
 
     def pre(module: torch.nn.Module, args: Any) -> None:
@@ -764,6 +831,10 @@ def _run_probe(
         if owners.stack and owners.stack[-1] == name:
             owners.stack.pop()
         owners.note(output, name)
+        if id(module) in children and torch._C._current_graph_task_id() == -1:
+            probe.note_output(name, output)
+            if name not in leaving:
+                leaving[name] = sum(t.numel() * t.element_size() for t in _tensors(output) if t.requires_grad)
 
     trainable = [p for p in params if p.requires_grad]  # (the workload's parameters, in its order)
     hooks = [
@@ -780,7 +851,7 @@ def _run_probe(
     probe._snapshot()
     return _Run(probe.snapshots, probe.snapshot_owner, probe.end_forward, dict(probe.flops), dict(probe.kernels),
                 dict(probe.elementwise), shapes, calls, order, entering, probe.snapshot_arrived,
-                tuple(probe.arrival), dict(probe.deferred), dict(probe.deferred_grads))  # fmt: skip
+                tuple(probe.arrival), dict(probe.deferred), dict(probe.deferred_grads), leaving)  # fmt: skip
 
 
 def _geometry(
@@ -932,7 +1003,11 @@ def _trace(
     probes = [(1, f0), (1, f1), (2, f0), (2, f1)]
     tensor_dims = {p.name: p.tensor_dim for p in params if p.tensor_dim is not None}
     runs = [_run_probe(model, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
-    traces = {False: _fit_trace(runs, bs, ps)}
+
+    def unit_named(fqn: str) -> str:  # (a module outside every unit, or none: the root)
+        return unit_fqns[unit_of.get(fqn, 0)]
+
+    traces = {False: _fit_trace(runs, bs, ps, unit_named)}
     variants = {False: _layers(model, runs, bs, fields, ps, tensor_layers, unit_of)}
     if recompute:
         again = _build(builder, plan)
@@ -944,7 +1019,7 @@ def _trace(
         elif callable(recompute):
             recompute(again)
         cruns = [_run_probe(again, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
-        traces[True] = _fit_trace(cruns, bs, ps)
+        traces[True] = _fit_trace(cruns, bs, ps, unit_named)
         variants[True] = _layers(again, cruns, bs, fields, ps, tensor_layers, unit_of)
     host = _host_seconds(builder, plan, sample, f0, recompute)
     order = {fqn: i for i, fqn in enumerate(runs[0].order)}
@@ -962,8 +1037,9 @@ def _trace(
         for layer in v.values():
             layer.unit = index[unit_fqns[layer.unit]]
     entering = {fqn: Bilinear.fit([r.entering.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].entering}
+    leaving = {fqn: Bilinear.fit([r.leaving.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].leaving}
     return Workload(sample, params, layers, ranked, traces, variants, tensor_capable, host, model, f0,
-                    "cpu" if fake else "meta", entering)  # fmt: skip
+                    "cpu" if fake else "meta", entering, leaving)  # fmt: skip
 
 
 def _layers(
@@ -1000,7 +1076,10 @@ def _layers(
     return out
 
 
-def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -> Trace:
+def _fit_trace(
+    runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float], unit_of: Callable[[str], str] = lambda fqn: ""
+) -> Trace:  # fmt: skip
+    """The runs' timelines fitted in ``(1, b, p, b p)``; ``unit_of(fqn)``: the unit a module belongs to."""
     if (
         len({len(r.snapshots) for r in runs}) != 1
     ):  # the probes took different paths: each one's end of forward and peaks
@@ -1011,6 +1090,9 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
     grads = np.zeros(n)
     backward = np.zeros(n)
     owners = []
+    owned: dict[str, np.ndarray] = defaultdict(lambda: np.zeros((n, 8)))
+    waiting: dict[str, np.ndarray] = defaultdict(lambda: np.zeros((n, 8)))
+    freed: dict[str, np.ndarray] = defaultdict(lambda: np.zeros((n, 8)))
     for j in range(n):
         keys = set().union(*(r.snapshots[j][0] for r in runs))
         biggest, big = "", -1.0
@@ -1019,7 +1101,15 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
             if key[0] == GRADS:
                 grads[j] = vals[0]
                 continue
-            (split if key[1] else rep)[j] += Bilinear.fit(vals, bs, ps).vector
+            vec = Bilinear.fit(vals, bs, ps).vector
+            if key[0].startswith(WAITS):
+                waiting[unit_of(key[0][len(WAITS) :])][j, 4 if key[1] else 0 : 8 if key[1] else 4] += vec
+                continue
+            if key[0].startswith(OUTPUTS):
+                freed[unit_of(key[0][len(OUTPUTS) :])][j, 4 if key[1] else 0 : 8 if key[1] else 4] += vec
+                continue
+            (split if key[1] else rep)[j] += vec
+            owned[unit_of(key[0])][j, 4 if key[1] else 0 : 8 if key[1] else 4] += vec
             if vals[-1] > big:
                 biggest, big = key[0], vals[-1]
         backward[j] = float(runs[0].snapshots[j][1])
@@ -1028,7 +1118,7 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
     end = min(runs[0].end_forward if runs[0].end_forward >= 0 else 0, n - 1)
     retained: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(8))
     for key in set().union(*(r.snapshots[end][0] for r in runs)):
-        if key[0] != GRADS:
+        if key[0] != GRADS and not key[0].startswith((WAITS, OUTPUTS)):
             vec = Bilinear.fit([float(r.snapshots[end][0].get(key, 0)) for r in runs], bs, ps).vector
             retained[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
     fitted: list[dict[str, np.ndarray]] = []
@@ -1039,12 +1129,14 @@ def _fit_trace(runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float]) -
             per_owner[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
         fitted.append(dict(per_owner))
     arrived = np.array(runs[0].arrived, dtype=float)
+    units = UnitTimeline(dict(owned), dict(waiting), dict(freed), tuple(unit_of(fqn) for fqn in runs[0].owners),
+                         tuple(runs[0].owners), backward > 0, grads / top, arrived, end)  # fmt: skip
     return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained),
-                 *fitted).pruned()  # fmt: skip
+                 fitted[0], fitted[1], units).pruned()  # fmt: skip
 
 
 def _coarse(r: _Run) -> _Run:
-    totals = [sum(s[0].values()) for s in r.snapshots]
+    totals = [sum(v for k, v in s[0].items() if not k[0].startswith((WAITS, OUTPUTS))) for s in r.snapshots]
     fwd = [i for i, s in enumerate(r.snapshots) if not s[1]]
     bwd = [i for i, s in enumerate(r.snapshots) if s[1]]
     keep = [max(fwd, key=lambda i: totals[i])] if fwd else []
@@ -1053,7 +1145,8 @@ def _coarse(r: _Run) -> _Run:
     keep = sorted(set(keep))
     return _Run([r.snapshots[i] for i in keep], [r.owners[i] for i in keep],
                 keep.index(r.end_forward) if r.end_forward in keep else 0, r.flops, r.kernels, r.elementwise,
-                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.deferred_grads)  # fmt: skip
+                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.deferred_grads,
+                r.leaving)  # fmt: skip
 
 
 def _host_seconds(

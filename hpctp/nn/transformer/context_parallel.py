@@ -110,6 +110,9 @@ CAUSAL_RUN_MIN = 16
 kernel's own causal mask; shorter runs take a float mask."""
 
 _KV_SLOTS = 3  # K/V piece buffers of a ring pass (the piece in use, the next arriving, the last sent)
+RING_GRAD_SLOTS = 3
+"""dK/dV piece buffers a backward ring pass holds, as its ranks keep step (:class:`_GradRing`: the one arriving,
+the one in use, the one sent; more when a rank runs ahead): what the planner counts."""
 _SCHEDULE_CHOICES = ("ring", "all_to_all", "auto")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _LOG = logging.getLogger("hpctp.nn.attention")
@@ -670,7 +673,7 @@ class _GradRing:
     order the predecessor sends. A piece buffer (a plain tensor) is reused once its send has completed, never
     waited for (a send completes when the successor reaches the piece, which may follow this rank's next
     units: with uneven blocks the ranks' units do not pair up one to one); a new one is made when none is
-    free (about three in all, as the ranks keep step).
+    free (about :data:`RING_GRAD_SLOTS` in all, as the ranks keep step).
     """
 
     def __init__(self, kv: _KVRing, acc: torch.dtype) -> None:
