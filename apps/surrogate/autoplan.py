@@ -117,7 +117,7 @@ def attention_messages(module: _GlobalAttention, site: Site) -> list[Message]:
     out.append(Message("fwd", "Isend", "p2p", axes, big, sum(fwd) * per_token, sum(recv) * per_token, sum(fp), True))
     grads = sum(steps) * per_token
     acc = max(site.itemsize, 4)  # (dK/dV accumulate in float32, float64 in float64)
-    piece = max(-(-t // max(_pieces(t, context_parallel.RING_PIECES_BACKWARD), 1)) for t in steps)
+    piece = max(-(-t // max(g, 1)) for t, g in zip(steps, gp))  # (tokens of the largest dK/dV piece)
     held = context_parallel.RING_GRAD_SLOTS * piece * per_token // site.itemsize * acc  # (its K/V pieces: pooled)
     out.append(Message("bwd", "Isend", "p2p", axes, big, sum(fwd) * per_token + grads,
                        sum(recv) * per_token + grads, sum(bp) + sum(gp), True, held=held))  # fmt: skip

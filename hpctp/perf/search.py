@@ -154,6 +154,12 @@ def _microbatch_sizes(batch: int, data: int, m: int) -> list[list[int]]:
     return out
 
 
+@lru_cache(maxsize=4096)
+def _group_cuts(batch: int, data: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """The distinct ways the data groups' samples fall into the micro-batches (:func:`_microbatch_sizes`)."""
+    return tuple(dict.fromkeys(tuple(sizes) for sizes in _microbatch_sizes(batch, data, m)))
+
+
 GRAPH_WALK_KEEPS = 2.0
 """What a micro-batch holds between its ``B`` and its ``W`` on a stage split by the graph walk
 (:mod:`hpctp.nn.pipeline_parallel._split_backward`), in units of its activations: the retained graph, and the
@@ -179,7 +185,7 @@ def _in_flight(
     groups: list[tuple[float, ...]] = [(1.0,) * m]
     if batch >= m:  # (each distinct cut once: most data groups share one)
         unit = math.ceil(math.ceil(batch / data) / m)
-        groups = list(dict.fromkeys(tuple(n / unit for n in sizes) for sizes in _microbatch_sizes(batch, data, m)))
+        groups = list(dict.fromkeys(tuple(n / unit for n in sizes) for sizes in _group_cuts(batch, data, m)))
     split = sched.split_backward
     out = []
     for spans in timeline.spans:
@@ -390,9 +396,9 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     best: MemoryBreakdown | None = None
     split = pipeline_schedule(cand.schedule, p, cand.microbatches, v).split_backward and not cand.recompute
     timelines = _stage_timelines(work, cand, split)
-    sizes = _microbatch_sizes(work.sample.batch, cand.data, cand.microbatches)
+    sizes = _group_cuts(work.sample.batch, cand.data, cand.microbatches)
     largest = dataclasses.replace(sh, batch=max(sh.batch, *(n for g in sizes for n in g)))
-    units = list(dict.fromkeys(tuple(n / sh.batch for n in g) for g in sizes))  # (each data group's cut)
+    units = [tuple(n / sh.batch for n in g) for g in sizes]  # (each data group's cut)
     for r, (params, _, _) in enumerate(parts):
         rows = [row for u in units for row in _message_buffers(cand.schedule, p, cand.microbatches, v, r,
                                                                 RECEIVE_AHEAD, u)]  # fmt: skip

@@ -170,19 +170,22 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
 
 def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, float]:
     """Local. The most bytes of message buffers one layer holds while it computes (forward, backward) on the busiest
-    rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces)."""
-    key = ("held buffers", cand.spatial, cand.tensor, sh.batch)
+    rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces);
+    priced for one sample and scaled by ``sh.batch`` (message buffers grow with the samples they carry)."""
+    key = ("held buffers", cand.spatial, cand.tensor)
     if key not in work.cache:
         coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
+        one = dataclasses.replace(sh, batch=1)
         most = [0.0, 0.0]
         for fqn, info in work.layers.items():
             if fqn == OUTSIDE:
                 continue
-            msgs = layer_messages(info.module, _site(info, cand, sh, work, coords), info.tensor)
+            msgs = layer_messages(info.module, _site(info, cand, one, work, coords), info.tensor)
             for k, phase in enumerate(("fwd", "bwd")):
                 most[k] = max(most[k], float(sum(m.held for m in msgs if m.phase == phase)))
         work.cache[key] = (most[0], most[1])
-    return work.cache[key]  # type: ignore[no-any-return]
+    fwd, bwd = work.cache[key]
+    return fwd * sh.batch, bwd * sh.batch
 
 
 def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:
