@@ -338,9 +338,11 @@ def test_a_pipeline_stage_timeline_peaks_at_what_the_stage_allocates(parts: int,
         for s in range(parts):
             units = work.units[1 + cuts[s] : 1 + cuts[s + 1]]
             stage = [model.get_submodule(u.fqn) for u in units]
-            kept = sum(ut.owned[u.fqn][ut.end_forward] for u in units)
+            kept = sum(ut.owned[u.fqn][ut.end_forward] for u in units)  # (as the stage's timeline counts it)
             if s == parts - 1:
                 kept = kept + ut.owned.get(work.units[0].fqn, np.zeros((1, 8)))[ut.end_forward]
+            else:
+                kept = kept + ut.freed.get(work.units[cuts[s + 1]].fqn, np.zeros((1, 8)))[ut.end_forward]
             predicted = float(np.max(_bytes(timelines[s], sh))) + float(kept[:4] @ f + kept[4:] @ f)
             measured = _stage_peak(stage, x, s == parts - 1, split and s > 0)
             copies = sum(work.leaving[work.units[c].fqn](b, sh.points) for c in cuts[1:-1] if c in cuts[s : s + 2])

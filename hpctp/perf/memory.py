@@ -226,8 +226,7 @@ def _activations(trace: Trace, sh: Shares) -> np.ndarray:
 def predict_memory(
     work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
     in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0, boundary: float = 0.0,
-    deferred: float = 0.0, timeline: Trace | None = None, largest: Shares | None = None,
-    held: tuple[float, float] = (0.0, 0.0),
+    timeline: Trace | None = None, largest: Shares | None = None, held: tuple[float, float] = (0.0, 0.0),
 ) -> MemoryBreakdown:  # fmt: skip
     """Local. The busiest rank's peak bytes by kind (see the module docstring).
 
@@ -247,15 +246,11 @@ def predict_memory(
     boundary : float
         Bytes a pipeline rank holds at its stages' cuts (the inputs received and outputs sent of the micro-batches
         in flight, one output gradient), counted with the activations.
-    deferred : float
-        Bytes of output gradients a zero-bubble stage's ``B`` keeps for its ``W`` (its linear layers', one
-        micro-batch), counted with the activations throughout backward (an upper bound: they build up as ``B``
-        goes).
     timeline : Trace, optional
         A pipeline rank's own snapshots, each with what its stage holds there above what it keeps at the end of
-        forward (:func:`hpctp.perf.search._stage_timelines`): added to the micro-batches in flight at
-        ``largest``'s micro-batch (default ``sh``: the micro-batch that computes may be the largest of uneven
-        ones). Without it, the whole model's timeline stands for the stage's.
+        forward (:func:`hpctp.perf.search._stage_timelines`, what a zero-bubble ``W`` keeps included): added to
+        the micro-batches in flight at ``largest``'s micro-batch (default ``sh``: the micro-batch that computes may
+        be the largest of uneven ones). Without it, the whole model's timeline stands for the stage's.
     largest : Shares, optional
     held : tuple of float
         Message buffers a layer holds while it computes, forward and backward, that the trace does not see
@@ -282,7 +277,7 @@ def predict_memory(
             acts = _bytes(timeline, largest or sh) + kept
         else:
             acts = acts - end + kept
-        acts = acts + boundary + np.where(trace.backward > 0, deferred, 0.0)
+        acts = acts + boundary
     g, bwd = trace.grads, trace.backward > 0
     if acts.size and any(held):
         acts = acts + np.where(bwd, held[1], held[0])

@@ -399,6 +399,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     sizes = _group_cuts(work.sample.batch, cand.data, cand.microbatches)
     largest = dataclasses.replace(sh, batch=max(sh.batch, *(n for g in sizes for n in g)))
     units = [tuple(n / sh.batch for n in g) for g in sizes]  # (each data group's cut)
+    held = held_buffers(work, cand, largest)
     for r, (params, _, _) in enumerate(parts):
         rows = [row for u in units for row in _message_buffers(cand.schedule, p, cand.microbatches, v, r,
                                                                 RECEIVE_AHEAD, u)]  # fmt: skip
@@ -408,8 +409,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
                                             for f in ("rep", "split", "grads", "backward", "arrived"))  # fmt: skip
         timeline = Trace(rep, split_, grads, bwd, [o for t in own for o in t.owners], own[0].end_forward, arrived,
                          own[0].arrival)  # fmt: skip
-        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary, 0.0, timeline, largest,
-                           held_buffers(work, cand, largest))  # fmt: skip
+        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary, timeline, largest, held)
         if best is None or m.total > best.total:
             best = m
     assert best is not None  # (pipeline >= 2: the loop ran)

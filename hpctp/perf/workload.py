@@ -282,15 +282,14 @@ class UnitTimeline:
     ``waiting[u][j]``: what a zero-bubble ``W`` of unit ``u`` would still hold there that backward has freed (its
     linear layers' inputs and output gradients, :data:`WAITS`); ``freed[u][j]``: the bytes of unit ``u``'s output
     (where it is one of the model's layers) that the step has let go of by ``j`` (:data:`OUTPUTS`);
-    ``running[j]``: the unit computing at ``j`` (the root's name where no unit is), ``modules[j]`` the module;
-    ``backward``, ``grads`` and ``arrived`` as :class:`Trace`'s.
+    ``running[j]``: the unit computing at ``j`` (the root's name where no unit is); ``backward``, ``grads`` and
+    ``arrived`` as :class:`Trace`'s.
     """
 
     owned: dict[str, np.ndarray]
     waiting: dict[str, np.ndarray]
     freed: dict[str, np.ndarray]
     running: tuple[str, ...]
-    modules: tuple[str, ...]
     backward: np.ndarray
     grads: np.ndarray
     arrived: np.ndarray
@@ -321,7 +320,6 @@ class Trace:
     deferred: dict[str, np.ndarray] = field(
         default_factory=dict
     )  # owner -> (rep, split) 8-vector: what a zero-bubble stage keeps from B to W ([Note: deferred weight gradients])
-    deferred_grads: dict[str, np.ndarray] = field(default_factory=dict)  # owner -> of that, the outputs' gradients
     units: UnitTimeline | None = None  # the same timeline by unit, every snapshot
 
     def pruned(self) -> Trace:
@@ -339,7 +337,7 @@ class Trace:
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
                      keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred,
-                     self.deferred_grads, self.units)  # fmt: skip
+                     self.units)  # fmt: skip
 
 
 @dataclass
@@ -489,7 +487,6 @@ class _Probe(TorchDispatchMode):
         self.elementwise: dict[tuple[str, str], float] = defaultdict(float)
         self.end_forward = -1
         self.deferred: dict[tuple[str, bool], int] = defaultdict(int)  # what a zero-bubble W keeps, per owner
-        self.deferred_grads: dict[tuple[str, bool], int] = defaultdict(int)  # of that, the outputs' gradients
         self.deferred_inputs: set[int] = set()
         self.kept_for_w: dict[int, tuple[str, bool]] = {}  # storage -> its WAITS key: what W would keep
         self.layer_outputs: dict[int, tuple[str, bool]] = {}  # storage -> its OUTPUTS key
@@ -506,9 +503,7 @@ class _Probe(TorchDispatchMode):
                 self.deferred_inputs.add(key)
                 self.deferred[(owner, x_split)] += int(x.untyped_storage().nbytes())
                 self.kept_for_w[key] = (WAITS + owner, x_split)
-            dy = (owner, y_split)
-            self.deferred[dy] += y.numel() * y.element_size()
-            self.deferred_grads[dy] += y.numel() * y.element_size()
+            self.deferred[(owner, y_split)] += y.numel() * y.element_size()
             if y.requires_grad:
                 y.register_hook(lambda g, k=(WAITS + owner, y_split): self._kept_by_w(g, k))
         return y
@@ -679,7 +674,6 @@ class _Run:
     arrived: list[int] = field(default_factory=list)  # per snapshot: trainable parameters with a gradient
     arrival: tuple[int, ...] = ()  # trainable parameters in the order their gradients arrived
     deferred: dict[tuple[str, bool], int] = field(default_factory=dict)  # what a zero-bubble W keeps, per owner
-    deferred_grads: dict[tuple[str, bool], int] = field(default_factory=dict)  # of that, the outputs' gradients
     leaving: dict[str, int] = field(default_factory=dict)  # unit fqn -> bytes of its differentiated outputs
 
 
@@ -851,7 +845,7 @@ def _run_probe(
     probe._snapshot()
     return _Run(probe.snapshots, probe.snapshot_owner, probe.end_forward, dict(probe.flops), dict(probe.kernels),
                 dict(probe.elementwise), shapes, calls, order, entering, probe.snapshot_arrived,
-                tuple(probe.arrival), dict(probe.deferred), dict(probe.deferred_grads), leaving)  # fmt: skip
+                tuple(probe.arrival), dict(probe.deferred), leaving)  # fmt: skip
 
 
 def _geometry(
@@ -1103,13 +1097,13 @@ def _fit_trace(
                 continue
             vec = Bilinear.fit(vals, bs, ps).vector
             if key[0].startswith(WAITS):
-                waiting[unit_of(key[0][len(WAITS) :])][j, 4 if key[1] else 0 : 8 if key[1] else 4] += vec
+                waiting[unit_of(key[0][len(WAITS) :])][j, _half(key)] += vec
                 continue
             if key[0].startswith(OUTPUTS):
-                freed[unit_of(key[0][len(OUTPUTS) :])][j, 4 if key[1] else 0 : 8 if key[1] else 4] += vec
+                freed[unit_of(key[0][len(OUTPUTS) :])][j, _half(key)] += vec
                 continue
             (split if key[1] else rep)[j] += vec
-            owned[unit_of(key[0])][j, 4 if key[1] else 0 : 8 if key[1] else 4] += vec
+            owned[unit_of(key[0])][j, _half(key)] += vec
             if vals[-1] > big:
                 biggest, big = key[0], vals[-1]
         backward[j] = float(runs[0].snapshots[j][1])
@@ -1120,19 +1114,20 @@ def _fit_trace(
     for key in set().union(*(r.snapshots[end][0] for r in runs)):
         if key[0] != GRADS and not key[0].startswith((WAITS, OUTPUTS)):
             vec = Bilinear.fit([float(r.snapshots[end][0].get(key, 0)) for r in runs], bs, ps).vector
-            retained[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
-    fitted: list[dict[str, np.ndarray]] = []
-    for name in ("deferred", "deferred_grads"):
-        per_owner: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(8))
-        for key in set().union(*(getattr(r, name) for r in runs)):
-            vec = Bilinear.fit([float(getattr(r, name).get(key, 0)) for r in runs], bs, ps).vector
-            per_owner[key[0]][4 if key[1] else 0 : 8 if key[1] else 4] += vec
-        fitted.append(dict(per_owner))
+            retained[key[0]][_half(key)] += vec
+    deferred: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(8))
+    for key in set().union(*(r.deferred for r in runs)):
+        deferred[key[0]][_half(key)] += Bilinear.fit([float(r.deferred.get(key, 0)) for r in runs], bs, ps).vector
     arrived = np.array(runs[0].arrived, dtype=float)
     units = UnitTimeline(dict(owned), dict(waiting), dict(freed), tuple(unit_of(fqn) for fqn in runs[0].owners),
-                         tuple(runs[0].owners), backward > 0, grads / top, arrived, end)  # fmt: skip
+                         backward > 0, grads / top, arrived, end)  # fmt: skip
     return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained),
-                 fitted[0], fitted[1], units).pruned()  # fmt: skip
+                 dict(deferred), units).pruned()  # fmt: skip
+
+
+def _half(key: tuple[str, bool]) -> slice:
+    """Where a snapshot key's bytes go in a (rep, split) 8-vector: the split half when the tensor axis divides them."""
+    return slice(4, 8) if key[1] else slice(0, 4)
 
 
 def _coarse(r: _Run) -> _Run:
@@ -1145,8 +1140,7 @@ def _coarse(r: _Run) -> _Run:
     keep = sorted(set(keep))
     return _Run([r.snapshots[i] for i in keep], [r.owners[i] for i in keep],
                 keep.index(r.end_forward) if r.end_forward in keep else 0, r.flops, r.kernels, r.elementwise,
-                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.deferred_grads,
-                r.leaving)  # fmt: skip
+                r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.leaving)  # fmt: skip
 
 
 def _host_seconds(
