@@ -24,6 +24,7 @@ its ``B`` computes the weights' gradients too and its ``W`` is empty.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,6 +105,8 @@ def backward_input(
         ``W``: accumulates every parameter's gradient into its ``.grad`` (once; frees the graph's use).
     """
     wanted = [t for t in inputs if t.requires_grad]
+    if not wanted:  # (the first stage: B has nothing to compute, W is one whole backward; no walk of the graph)
+        return [None] * len(inputs), functools.partial(_whole_backward, outputs, grads, params)
     order, children = _graph(outputs)
     on_input = _reaching(order, children, {_node(t) for t in wanted})
     by_node = {_node(p): p for p in params if p.requires_grad}
@@ -160,10 +163,15 @@ def backward_input(
                 torch.autograd.backward([e for e, _ in known], [x for _, x in known], inputs=mine, retain_graph=True)
         if edges:
             torch.autograd.backward(edges, values, retain_graph=True)  # type: ignore[arg-type]
-        if not wanted:  # the first stage: nothing ran in B
-            roots = [(o, g) for o, g in zip(outputs, grads) if o.grad_fn is not None]
-            mine = [p for p in params if p.requires_grad]
-            if roots and mine:
-                torch.autograd.backward([o for o, _ in roots], [g for _, g in roots], inputs=mine)  # type: ignore[misc]
 
     return dinputs, weights
+
+
+def _whole_backward(
+    outputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]
+) -> None:
+    """The weight gradients of a stage whose input needs none: one backward from its outputs to its parameters."""
+    roots = [(o, g) for o, g in zip(outputs, grads) if o.grad_fn is not None]
+    mine = [p for p in params if p.requires_grad]
+    if roots and mine:
+        torch.autograd.backward([o for o, _ in roots], [g for _, g in roots], inputs=mine)  # type: ignore[misc]

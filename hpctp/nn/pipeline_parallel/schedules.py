@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from ..._util.ints import is_int
 from ._actions import Action, ActionKind
@@ -188,9 +188,10 @@ class Schedule:
         """Local. ``stage_ranks[s]``: the rank holding stage ``s`` (``s % p``)."""
         return tuple(s % self.p for s in range(self.n_stages))
 
-    @property
+    @cached_property
     def split_backward(self) -> bool:
-        """Local. True when ``B`` is the input gradient only and ``W`` actions compute the weight gradients."""
+        """Local. True when ``B`` is the input gradient only and ``W`` actions compute the weight gradients (found once:
+        the runtime asks at every action)."""
         return any(a.kind is _W for actions in self.compute_lists for a in actions)
 
     def rank_of(self, stage: int) -> int:
