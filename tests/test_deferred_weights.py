@@ -152,3 +152,57 @@ def test_an_unused_output_gives_no_gradient_and_an_input_modified_in_place_is_re
     z.add_(1.0)  # (what W reads changed after the forward)
     with pytest.raises(RuntimeError, match="modified in place .* clone it"):
         deferred.run()
+
+
+def test_w_adds_into_grad_in_place_where_autograd_would_only_accumulate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: weight gradients accumulated in place]: a parameter and row blocks of one (a fused projection) get
+    their gradient added into ``.grad`` by the product itself (no autograd call), equal to autograd's accumulation,
+    with their post-accumulate hooks run once per call; a weight with a tensor hook goes through autograd (its hook
+    sees each call's own product)."""
+    from hpctp.nn import _deferred_weights as dw
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(3, 4, dtype=F64, generator=g, requires_grad=True)
+    fused = torch.randn(6, 4, dtype=F64, generator=g, requires_grad=True)
+    hooked = torch.randn(3, 4, dtype=F64, generator=g, requires_grad=True)
+    xs = [torch.randn(2, 5, 4, dtype=F64, generator=g) for _ in range(3)]
+    seen: list[torch.Tensor] = []
+    hooked.register_hook(lambda d: seen.append(d.clone()))
+    fired: list[int] = []
+    for p in (w, fused, hooked):
+        p.register_post_accumulate_grad_hook(lambda p: fired.append(id(p)))
+    calls: list[int] = []
+    backward = torch.autograd.backward
+
+    def counted(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        backward(*args, **kwargs)  # type: ignore[arg-type]
+
+    def micro_batches(in_place: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(dw, "IN_PLACE", in_place)
+        for p in (w, fused, hooked):
+            p.grad = None
+        seen.clear()
+        fired.clear()
+        for x in xs:
+            x = x.clone().requires_grad_(True)  # (a linear whose input needs no gradient computes dW in backward)
+            deferred = DeferredWeightGradients()
+            with deferred.recording():
+                y = linear(x, w) * linear(x, fused[3:]) + linear(x, fused[:3]) * linear(x, hooked)
+            assert len(deferred) == 4
+            y.square().sum().backward()
+            calls.clear()
+            with monkeypatch.context() as m:
+                m.setattr(torch.autograd, "backward", counted)
+                deferred.run()
+            assert len(calls) == (1 if in_place else 4)  # (in place: only the hooked weight through autograd)
+        return [w.grad.clone(), fused.grad.clone(), hooked.grad.clone()]
+
+    through_autograd = micro_batches(False)
+    assert len(seen) == 3 and fired.count(id(w)) == 3 and fired.count(id(fused)) == 6
+    in_place = micro_batches(True)
+    for a, b in zip(through_autograd, in_place):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
+    assert fired.count(id(w)) == 3 and fired.count(id(fused)) == 6 and fired.count(id(hooked)) == 3
+    assert len(seen) == 3  # (the hooked weight's each product, through autograd)
+    torch.testing.assert_close(sum(seen), hooked.grad, rtol=1e-12, atol=1e-14)
