@@ -6,9 +6,11 @@ Usage::
     python benchmarks/planner.py --ranks 4 --models fno   # less
     python benchmarks/planner.py --projection              # only the table of predictions for H100 systems
 
-Per rank count ``n`` the launcher first calibrates this machine on ``n`` ranks (``hpctp perf calibrate``, unless
-``--machine`` gives a file), then per model it runs the planner here (one process) and launches one worker job
-(``mpiexec -n n``, under jemalloc where installed) that trains each plan of the list for ``--steps`` steps of the
+The launcher runs again under jemalloc where it is installed (``LD_PRELOAD``; ``--glibc``: not), and so does
+everything it starts: the planner measures a step's host time in this process, and it should see the allocator the
+plans run under. Per rank count ``n`` the launcher first calibrates this machine on ``n`` ranks (``hpctp perf
+calibrate``, unless ``--machine`` gives a file), then per model it runs the planner here (one process) and launches
+one worker job (``mpiexec -n n``) that trains each plan of the list for ``--steps`` steps of the
 surrogate's training step (:class:`hpctp.nn.ShardedDataParallel`, Adam, the global MSE; the model built on the meta
 device and materialized by the wrapper) and measures:
 
@@ -74,6 +76,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--machine", default=None, help="machine file (default: calibrate on each rank count)")
     p.add_argument("--out", default=str(ROOT / "build" / "planner"), help="where machine files and results go")
     p.add_argument("--projection", action="store_true", help="only the table of H100 projections")
+    p.add_argument("--glibc", action="store_true", help="glibc's malloc throughout, even where jemalloc is installed")
     p.add_argument("--no-pipeline", dest="pipeline", action="store_false", help="leave pipeline plans out")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-memory", dest="memory", action="store_false", help=argparse.SUPPRESS)
@@ -287,7 +290,7 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
         out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
                            f"--plans={json.dumps([_spec(p.candidate) for p in order])}",
                            *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
-                           *(["--no-memory"] if cycle else [])], jemalloc=True)  # fmt: skip
+                           *(["--no-memory"] if cycle else [])], jemalloc=not args.glibc)  # fmt: skip
         for line in out.splitlines():
             if line.startswith("{"):
                 row = json.loads(line)
@@ -374,6 +377,25 @@ def projection(batch: int = 256) -> None:
                   f"{traced:.0f} s, searched in {time.perf_counter() - t0:.1f} s -->", flush=True)  # fmt: skip
 
 
+def _under_jemalloc(args: argparse.Namespace, argv: list[str] | None) -> None:
+    """This launcher again, with jemalloc preloaded where it is installed (unless ``--glibc``): the planner measures
+    a step's host time in this process (:func:`hpctp.perf.trace`), the calibration and the plans run in its children,
+    and all of them should see the allocator the plans run under (glibc's fresh pages per step cost the FNO half its
+    step time on this machine)."""
+    from hpctp._util.memory import jemalloc_library
+
+    lib = jemalloc_library()
+    if args.glibc or not lib or lib in os.environ.get("LD_PRELOAD", "").split(":"):
+        return
+    env = {**os.environ, "LD_PRELOAD": ":".join(x for x in (lib, os.environ.get("LD_PRELOAD", "")) if x)}
+    sys.stdout.flush()
+    os.execve(
+        sys.executable,
+        [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])],
+        env,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     sys.path.insert(0, str(ROOT))
@@ -383,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.projection:
         projection()
         return
+    _under_jemalloc(args, argv)
     results = []
     for n in args.ranks:
         machine = _machine(args, n)
