@@ -88,6 +88,18 @@ def _batch(args: argparse.Namespace, n: int) -> tuple[torch.Tensor, torch.Tensor
     return x, torch.tanh(x)
 
 
+def _slowest(comm: Any, step: Any) -> float:
+    """Collective over ``comm``. Run ``step()`` after a barrier; the slowest rank's seconds."""
+    import hpctp
+
+    comm.Barrier()
+    t0 = time.perf_counter()
+    step()
+    seconds = np.array([time.perf_counter() - t0])
+    hpctp.comm.allreduce(comm, seconds, "max")
+    return float(seconds[0])
+
+
 class _Run:
     """Collective over the plan's grid. One schedule at one micro-batch count: its model, optimizer, and what its
     steps measured (bubble, pass times per stage, step)."""
@@ -103,30 +115,23 @@ class _Run:
         self.loss_fn = lambda p, t: global_mse_loss(p, t, plan.grid, plan.loss_axes)
         self.steps: list[float] = []
         self.bubbles: list[float] = []
-        self.busy: list[float] = []  # (this rank's compute in each step)
         self.durations: list[list[float]] = []  # (each step's compute actions, in this rank's order)
-        self.costs: dict[str, list[float]] = {"F": [], "B": [], "W": []}
         self.per_stage = np.zeros((2, 3, self.model.schedule.n_stages))  # (sum, count) x (F, B, W) x stage
 
     def step(self, record: bool) -> None:
         """Collective over the plan's grid. One training step; its bubble, pass times and step kept if ``record``."""
-        import hpctp
-
-        self.plan.grid.comm.Barrier()
-        t0 = time.perf_counter()
-        self.model.step(self.x, self.y, self.loss_fn, optimizer=self.opt)
-        slowest = np.array([time.perf_counter() - t0])
-        hpctp.comm.allreduce(self.plan.grid.comm, slowest, "max")
+        seconds = _slowest(
+            self.plan.grid.comm, lambda: self.model.step(self.x, self.y, self.loss_fn, optimizer=self.opt)
+        )
         self.model.zero_grad(set_to_none=False)  # (the gradients stay allocated: the next peak is activations)
         if not record:
             return
         self.bubbles.append(self.model.idle_fraction())
-        self.busy.append(sum(e - s for _, s, e in self.model.timeline[1:]))
-        self.durations.append([e - s for _, s, e in self.model.timeline[1:]])
-        self.steps.append(float(slowest[0]))
+        self.steps.append(seconds)
+        self.durations.append([])
         for name, s, e in self.model.timeline[1:]:
+            self.durations[-1].append(e - s)
             kind = "W" if "W" in name else "B" if "B" in name else "F"
-            self.costs[kind].append(e - s)
             k, stage = "FBW".index(kind), int(name[: name.index(kind)])  # (names such as "1B3": stage 1, B, 3)
             self.per_stage[:, k, stage] += (e - s, 1)
 
@@ -137,12 +142,11 @@ class _Run:
         with hpctp.PeakMemory(tensors=True) as mem:
             self.model.step(self.x, self.y, self.loss_fn)
         comm = self.plan.grid.comm
-        mean = {k: statistics.fmean(v) if v else 0.0 for k, v in self.costs.items()}
-        table = np.array([mean["F"], mean["B"], mean["W"]])
+        table = self.per_stage[0].sum(1) / np.maximum(self.per_stage[1].sum(1), 1)  # (this rank's mean F, B, W)
         bubbles = np.array(self.bubbles)  # (each step's mean over the ranks: the same on every rank after the sum)
         every = hpctp.comm.allgather_ints(comm, [int(mem.tensors)])[:, 0]
-        busy = np.empty((comm.Get_size(), len(self.busy)))
-        comm.Allgather(np.array(self.busy), busy)  # (rank x round)
+        busy = np.empty((comm.Get_size(), len(self.durations)))
+        comm.Allgather(np.array(self.durations).sum(1), busy)  # (rank x round: the compute of each step)
         hpctp.comm.allreduce(comm, table, "sum")
         hpctp.comm.allreduce(comm, bubbles, "sum")
         table /= self.plan.grid.size
@@ -197,20 +201,17 @@ class _DataParallel:
 
     def step(self, record: bool) -> None:
         """Collective over the grid. One step; its time (the slowest rank's) kept if ``record``."""
-        import hpctp
+        seconds = _slowest(self.plan.grid.comm, self._step)
+        if record:
+            self.steps.append(seconds)
 
+    def _step(self) -> None:
         plan = self.plan
-        plan.grid.comm.Barrier()
-        t0 = time.perf_counter()
         loss = self.loss_fn(self.model(self.x), self.y, plan.grid, plan.loss_axes)
         loss.backward()
         plan.sync_gradients(self.model)
         self.opt.step()
         self.opt.zero_grad()
-        slowest = np.array([time.perf_counter() - t0])
-        hpctp.comm.allreduce(plan.grid.comm, slowest, "max")
-        if record:
-            self.steps.append(float(slowest[0]))
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -221,13 +221,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _mpiexec(n: int, cmd: list[str], jemalloc: bool = False, timeout: float = 7200) -> str:
-    from hpctp._util.memory import jemalloc_library
-
+def _mpiexec(n: int, cmd: list[str], timeout: float = 7200) -> str:
+    """``mpiexec -n n python cmd``; its stdout. The allocator is this process's (:func:`_under_jemalloc`)."""
     env = _env()
-    lib = jemalloc_library()
-    if jemalloc and lib:
-        env["LD_PRELOAD"] = lib
     full = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable, *cmd]
     proc = subprocess.run(full, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout, check=False)
     if proc.returncode:
@@ -290,7 +286,7 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
         out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
                            f"--plans={json.dumps([_spec(p.candidate) for p in order])}",
                            *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
-                           *(["--no-memory"] if cycle else [])], jemalloc=not args.glibc)  # fmt: skip
+                           *(["--no-memory"] if cycle else [])])  # fmt: skip
         for line in out.splitlines():
             if line.startswith("{"):
                 row = json.loads(line)

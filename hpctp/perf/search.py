@@ -160,6 +160,14 @@ def _group_cuts(batch: int, data: int, m: int) -> tuple[tuple[int, ...], ...]:
     return tuple(dict.fromkeys(tuple(sizes) for sizes in _microbatch_sizes(batch, data, m)))
 
 
+@lru_cache(maxsize=4096)
+def _group_units(batch: int, data: int, m: int) -> tuple[tuple[float, ...], ...]:
+    """:func:`_group_cuts` in units of the busiest group's micro-batch, ``ceil(ceil(batch / data) / m)`` samples
+    (:func:`hpctp.perf.memory.shares`' ``batch``)."""
+    unit = math.ceil(math.ceil(batch / data) / m)
+    return tuple(tuple(n / unit for n in sizes) for sizes in _group_cuts(batch, data, m))
+
+
 GRAPH_WALK_KEEPS = 2.0
 """What a micro-batch holds between its ``B`` and its ``W`` on a stage split by the graph walk
 (:mod:`hpctp.nn.pipeline_parallel._split_backward`), in units of its activations: the retained graph, and the
@@ -184,8 +192,7 @@ def _in_flight(
     kept = after_b or (GRAPH_WALK_KEEPS,) * (p * v)
     groups: list[tuple[float, ...]] = [(1.0,) * m]
     if batch >= m:  # (each distinct cut once: most data groups share one)
-        unit = math.ceil(math.ceil(batch / data) / m)
-        groups = list(dict.fromkeys(tuple(n / unit for n in sizes) for sizes in _group_cuts(batch, data, m)))
+        groups = list(_group_units(batch, data, m))
     split = sched.split_backward
     out = []
     for spans in timeline.spans:
@@ -398,7 +405,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     timelines = _stage_timelines(work, cand, split)
     sizes = _group_cuts(work.sample.batch, cand.data, cand.microbatches)
     largest = dataclasses.replace(sh, batch=max(sh.batch, *(n for g in sizes for n in g)))
-    units = [tuple(n / sh.batch for n in g) for g in sizes]  # (each data group's cut)
+    units = _group_units(work.sample.batch, cand.data, cand.microbatches)  # (each data group's cut)
     held = held_buffers(work, cand, largest)
     for r, (params, _, _) in enumerate(parts):
         rows = [row for u in units for row in _message_buffers(cand.schedule, p, cand.microbatches, v, r,
