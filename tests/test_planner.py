@@ -37,7 +37,7 @@ from hpctp.perf import Candidate, Link, PlanError, Sample, load_machine, parse_b
 from hpctp.perf.machine import collective_time
 from hpctp.perf.memory import local_numel, predict_memory, shares
 from hpctp.perf.search import candidates, grids, limits, spearman
-from hpctp.perf.timing import step_messages
+from hpctp.perf.timing import layer_cost, step_messages
 from hpctp.testing import assert_all, assert_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,6 +220,53 @@ def test_traced_memory_of_each_layer_kind_equals_what_it_allocates(kind: str) ->
         assert mem.params == whole and mem.optimizer in (2 * whole, 3 * whole)  # (3: at Adam's step, its temporary)
     probe_plan.free()
     grid.free()
+
+
+def test_traced_attention_counts_its_softmax_scores_apart_from_its_flops() -> None:
+    """Each attention kernel's scores (batch x heads x queries x keys; twice in backward), fitted in the trace and
+    evaluated at other shapes, and priced at the machine's softmax rate on top of its flops."""
+    if WORLD.Get_size() > 1:
+        pytest.skip("one-rank test (the trace itself runs on one rank)")
+    cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["surrogate.embed=16", "surrogate.depth=1"])
+    inputs = autoplan.planning_inputs(cfg)
+    work = trace(inputs["builder"], Sample((2, 2, 32, 32), "float32", 4), recompute=False)
+    heads, patch, embed = cfg["surrogate"]["heads"], cfg["surrogate"]["patch"], cfg["surrogate"]["embed"]
+    (fqn,) = [f for f, info in work.layers.items() if ("fwd", "softmax") in info.flops]
+    info = work.layers[fqn]
+    for b, field in ((3, (32, 48)), (1, (64, 64))):
+        tokens = math.prod(n // patch for n in field)
+        scores = b * heads * tokens**2
+        points = float(math.prod(field))
+        assert info.flops[("fwd", "softmax")](b, points, points) == pytest.approx(scores, rel=1e-9)
+        assert info.flops[("bwd", "softmax")](b, points, points) == pytest.approx(2 * scores, rel=1e-9)
+        assert info.flops[("fwd", "attention")](b, points, points) == pytest.approx(
+            4 * scores * embed // heads, rel=1e-9
+        )
+    machine = load_machine("a100-hdr")
+    rates = machine.rates("float32")
+    cand = Candidate(1, (1, 1))
+    sh = shares(work.sample, cand)
+    scores = info.flops[("fwd", "softmax")](sh.batch, sh.points, sh.whole)
+    unpriced = layer_cost(info, work, cand, sh, machine)
+    priced = layer_cost(info, work, cand, sh, dataclasses.replace(
+        machine, compute={"float32": dataclasses.replace(rates, softmax=1e9)}))  # fmt: skip
+    assert math.isinf(rates.softmax)  # (published rates are end to end: their softmax is in the attention rate)
+    assert priced.fwd - unpriced.fwd == pytest.approx(scores / 1e9, rel=1e-9)
+    assert priced.bwd - unpriced.bwd == pytest.approx(2 * scores / 1e9, rel=1e-9)
+    assert priced.flops == unpriced.flops  # (scores are not flops)
+
+
+def test_machine_files_without_a_softmax_rate_still_load(tmp_path: Path) -> None:
+    text = load_machine("h100-ndr").to_toml()
+    assert "softmax =" not in text
+    path = tmp_path / "with.toml"
+    path.write_text(text.replace("[compute.bfloat16]\n", "[compute.bfloat16]\nsoftmax = 3.9e12\n"))
+    m = load_machine(path)
+    assert m.rates("bfloat16").softmax == 3.9e12 and math.isinf(m.rates("float32").softmax)
+    assert load_machine(m.save(tmp_path / "back.toml")) == m
+    path.write_text(text.replace("[compute.bfloat16]\n", "[compute.bfloat16]\nsoftmax = -1\n"))
+    with pytest.raises(ValueError, match="softmax"):
+        load_machine(path)
 
 
 class _LinearBytes:
@@ -491,6 +538,8 @@ def test_calibrate_measures_the_overlap_and_writes_a_machine_file(tmp_path: Path
         assert_all(grid, hi[0] < 0.5, f"a message progressed behind computation here: overlap {hi[0]}")
         path = tmp_path / f"machine-{grid.rank}.toml"
         assert_all(grid, load_machine(prof.save(path)) == prof, "the machine file does not read back")
+        rates = prof.rates("float32")
+        assert_all(grid, 0 < rates.softmax < math.inf and rates.attention > 0, f"attention fit {rates}")
 
 
 def test_bad_input_gives_a_message_naming_the_fix(vit_work: Any, tmp_path: Path, capsys: Any) -> None:

@@ -107,7 +107,8 @@ def calibrate_command(out: str, dtype: str, repeats: int) -> int:
         profile.save(out)
         rates = profile.rates(dtype)
         print(f"{profile.name}: GEMM {rates.gemm / 1e9:.3g} GFLOP/s, conv {rates.conv / 1e9:.3g}, FFT {rates.fft / 1e9:.3g}, "
-              f"attention {rates.attention / 1e9:.3g}, memory {rates.bandwidth / 1e9:.3g} GB/s, "
+              f"attention {rates.attention / 1e9:.3g} (softmax {rates.softmax / 1e9:.3g} G scores/s), "
+              f"memory {rates.bandwidth / 1e9:.3g} GB/s, "
               f"{rates.kernel * 1e6:.3g} us per kernel per rank", flush=True)  # fmt: skip
         for kind, link in profile.network["intra"].items():
             print(

@@ -6,8 +6,9 @@ small and a large size (:data:`SIZES`), the slowest rank's time of :data:`REPEAT
 warm-up (:func:`hpctp.comm.slowest_seconds`); a least-squares fit of the formulas of
 :func:`hpctp.perf.collective_time` over all axes gives each kind's ``alpha`` and ``beta`` (and each axis's
 own fit is kept in the profile's ``calibration`` tables). Every rank then runs the block computations at
-once (as they run in training, sharing the node): a GEMM, a 3x3 convolution, an FFT, attention, an
-elementwise update and a tiny operator for the host's time per kernel; each rate is the slowest rank's. Last, the
+once (as they run in training, sharing the node): a GEMM, a 3x3 convolution, an FFT, attention at two head dims
+(its products' flop/s and its softmax's scores/s), an elementwise product and a tiny operator for the host's time
+per kernel; each rate is the slowest rank's. Last, the
 share of a non-blocking all-gather that computation hides (:attr:`MachineProfile.overlap`): it posts one, computes
 GEMMs for about twice its time, then waits.
 The ranks of the grid are taken as one node (``ranks_per_node`` = the grid's size). About ten seconds.
@@ -30,7 +31,7 @@ from ..comm import ProcessGrid, check_grid
 from .machine import COMPUTE_KEYS, KINDS, ComputeRates, Link, MachineProfile
 from .workload import fft_flops
 
-__all__ = ["calibrate", "host_op_seconds", "SIZES", "REPEATS", "HOST_OPS"]
+__all__ = ["calibrate", "host_op_seconds", "SIZES", "REPEATS", "HOST_OPS", "ELEMENTWISE_NUMEL"]
 
 SIZES = (256, 1 << 21)
 """Bytes per rank of the small and large messages (latency and bandwidth): larger sizes fit the bandwidth of big
@@ -110,6 +111,15 @@ def _rate(comm: Any, fn: Callable[[], object], work: float, repeats: int) -> flo
     return work / max(seconds, 1e-12)
 
 
+ELEMENTWISE_NUMEL = 1 << 20
+"""Elements of the product that measures the memory bandwidth on a CPU: an activation's size (4 MiB in float32).
+Elementwise operators allocate their output; at 16 MiB and more an allocator that returns large blocks to the
+system (jemalloc) gives fresh pages every call, and the measure would be of page faults (4-6 GB/s here, against
+17-25 GB/s at the model's sizes)."""
+ELEMENTWISE_NUMEL_DEVICE = 1 << 26
+"""The same on an accelerator, large enough that the launch is negligible."""
+
+
 HOST_OPS = 2000
 """Small operators timed per measurement of the host's time per kernel: long enough (milliseconds) that ranks sharing
 cores contend during it."""
@@ -138,6 +148,35 @@ def host_op_seconds(comm: Any, device: torch.device, dtype: torch.dtype, repeats
     return sum(C.slowest_seconds(comm, many) for _ in range(repeats)) / repeats / HOST_OPS
 
 
+ATTENTION_HEAD_DIMS = (8, 64)
+"""Head dims at which attention is timed (same queries and keys): the difference gives the flop/s of its products,
+the rest its softmax's scores/s (:class:`hpctp.perf.ComputeRates`)."""
+
+
+def _attention(
+    comm: Any, run: Callable[[Callable[[], object]], Callable[[], None]], device: torch.device, dtype: torch.dtype,
+    repeats: int,
+) -> tuple[float, float]:  # fmt: skip
+    """Flop/s of attention's products and scores/s of its softmax, from forward passes at two head dims: seconds per
+    score ``t(d) = s + 4 d / rate``."""
+    b, h, n = 2, 4, 1024
+    scores = float(b * h * n * n)
+    per_score = []
+    for d in ATTENTION_HEAD_DIMS:
+        q = torch.randn(b, h, n, d, dtype=dtype, device=device)
+
+        def attend(q: torch.Tensor = q) -> object:
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+        per_score.append(1.0 / _rate(comm, run(attend), scores, repeats))
+    (d0, d1), (t0, t1) = ATTENTION_HEAD_DIMS, per_score
+    inverse = (t1 - t0) / (4.0 * (d1 - d0))  # seconds per flop
+    if inverse <= 0:  # (noise hid the products' share: all of it flops, at the larger head dim)
+        return 4.0 * d1 / t1, math.inf
+    s = t0 - 4.0 * d0 * inverse
+    return 1.0 / inverse, (1.0 / s if s > 0 else math.inf)
+
+
 def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) -> ComputeRates:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -161,13 +200,12 @@ def _compute(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) 
                  repeats)  # fmt: skip
     f = torch.randn(8, 32, 128, 128, dtype=torch.float32 if dtype == torch.bfloat16 else dtype, device=device)
     fft = _rate(comm, run(lambda: torch.fft.rfft2(f)), fft_flops(f.numel(), 128 * 128), repeats)
-    q = torch.randn(2, 4, 1024, 32, dtype=dtype, device=device)
-    attn = _rate(comm, run(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)),
-                 4.0 * 2 * 4 * 1024 * 1024 * 32, repeats)  # fmt: skip
-    big = torch.zeros(1 << 22, dtype=dtype, device=device)  # an activation function: read and written once
-    bandwidth = _rate(comm, run(lambda: torch.nn.functional.gelu(big)), 2.0 * big.numel() * big.element_size(), repeats)
+    attn, softmax = _attention(comm, run, device, dtype, repeats)
+    n = ELEMENTWISE_NUMEL if device.type == "cpu" else ELEMENTWISE_NUMEL_DEVICE
+    u, v = torch.rand(n, dtype=dtype, device=device), torch.rand(n, dtype=dtype, device=device)
+    bandwidth = _rate(comm, run(lambda: u * v), 3.0 * n * u.element_size(), repeats)  # (reads two, writes one)
     kernel = host_op_seconds(comm, device, dtype, repeats)
-    return ComputeRates(gemm, half, conv, fft, attn, bandwidth, kernel)
+    return ComputeRates(gemm, half, conv, fft, attn, bandwidth, kernel, softmax)
 
 
 def _overlap(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) -> float:

@@ -57,9 +57,11 @@ LEVELS = ("intra", "inter")
 """Link levels: ranks of one node, ranks of different nodes."""
 SOURCES = ("published", "calibrated")
 """Where a profile's figures come from."""
-COMPUTE_KEYS = ("gemm", "gemm_half", "conv", "fft", "attention", "bandwidth", "kernel")
+COMPUTE_KEYS = ("gemm", "gemm_half", "conv", "fft", "attention", "softmax", "bandwidth", "kernel")
 """Per element type: flop/s of GEMMs and the GEMM dimension at which they run at half that rate, flop/s of convolutions,
-FFTs and attention; bytes/s of elementwise work; seconds of host time per kernel."""
+FFTs and attention, attention scores/s of the softmax; bytes/s of elementwise work; seconds of host time per kernel.
+``softmax`` may be left out of a file (older profiles): the softmax is then not priced apart from the flops."""
+OPTIONAL_COMPUTE_KEYS = ("softmax",)
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 _MACHINE_KEYS = (
@@ -87,11 +89,17 @@ class ComputeRates:
         The smallest GEMM dimension at which a product runs at half of ``gemm``: a product of ``f`` flops whose
         smallest dimension is ``d`` takes ``f (1 + gemm_half / d) / gemm`` seconds.
     conv, fft, attention : float
-        Flop/s of convolutions, FFTs (``2.5 n log2 n`` flops per transform of ``n`` points) and attention kernels.
+        Flop/s of convolutions, FFTs (``2.5 n log2 n`` flops per transform of ``n`` points) and attention kernels
+        (their products: ``4 d`` flops per query-key pair of head dim ``d`` in forward, ``10 d`` in backward).
     bandwidth : float
         Bytes/s (read + written) of elementwise work.
     kernel : float
         Seconds of host time per kernel launched (per torch operator).
+    softmax : float
+        Scores/s of an attention kernel's softmax, apart from its flops: one exponential and rescale per query-key
+        pair in forward, two in backward (it recomputes them, then forms their gradient). At small head dims it
+        bounds the kernel (a CPU's exponentials; a GPU's special-function units, FlashAttention-3's bottleneck).
+        Infinite: not priced apart (profiles without the key).
     """
 
     gemm: float
@@ -101,9 +109,11 @@ class ComputeRates:
     attention: float
     bandwidth: float
     kernel: float
+    softmax: float = math.inf
 
     def rate(self, category: str) -> float:
-        """Local. Flop/s of ``category`` (``"gemm"``, ``"conv"``, ``"fft"``, ``"attention"``)."""
+        """Local. Flop/s of ``category`` (``"gemm"``, ``"conv"``, ``"fft"``, ``"attention"``), or scores/s of
+        ``"softmax"``."""
         return float(getattr(self, category))
 
 
@@ -259,7 +269,7 @@ class MachineProfile:
                 lines.append(f"{key} = {_quote(value)}")
         for dtype, r in self.compute.items():
             lines += ["", f"[compute.{dtype}]"]
-            lines += [f"{k} = {_num(getattr(r, k))}" for k in COMPUTE_KEYS]
+            lines += [f"{k} = {_num(getattr(r, k))}" for k in COMPUTE_KEYS if math.isfinite(getattr(r, k))]
         for section, tables in (("network", self.network), ("calibration", self.calibration)):
             for level, kinds in tables.items():
                 lines += ["", f"[{section}.{level}]"]
@@ -358,11 +368,11 @@ def profile_from_dict(data: Mapping[str, Any], where: str = "machine file") -> M
         w = f"{where} [compute.{dtype}]"
         e = _table(w, entry)
         _unknown(w, e, COMPUTE_KEYS)
-        missing = [k for k in COMPUTE_KEYS if k not in e]
+        missing = [k for k in COMPUTE_KEYS if k not in e and k not in OPTIONAL_COMPUTE_KEYS]
         if missing:
             raise ValueError(f"{w}: missing {', '.join(missing)}")
         compute[dtype] = ComputeRates(
-            **{k: _positive(w, k, e[k], zero=k in ("kernel", "gemm_half")) for k in COMPUTE_KEYS}
+            **{k: _positive(w, k, e[k], zero=k in ("kernel", "gemm_half")) for k in COMPUTE_KEYS if k in e}
         )
     if not compute:
         raise ValueError(f"{where}: no [compute.<dtype>] table (e.g. [compute.float32] with {', '.join(COMPUTE_KEYS)})")

@@ -1,7 +1,7 @@
 """Step time of one rank for a plan: computation, messages, pipeline bubble, optimizer step.
 
 Per module (:class:`~hpctp.perf.workload.LayerInfo`) at the rank's block: its flops of each kind at the
-machine's rate for that kind, its elementwise bytes at the memory bandwidth (both divided by the tensor
+machine's rate for that kind, its attention scores at the softmax's rate, its elementwise bytes at the memory bandwidth (both divided by the tensor
 axis inside tensor-parallel modules), and its messages (:func:`hpctp.perf.layers.layer_messages`), each
 at the latency and bandwidth of the link its communicator crosses (:meth:`MachineProfile.level`). A
 message the layer overlaps with its own computation (halo exchanges, the attention ring) costs only what
@@ -50,6 +50,9 @@ __all__ = [
     "stage_cuts",
     "step_messages",
 ]
+
+NOT_FLOPS = ("gemm_small", "softmax")
+"""Trace categories that are not flops of their own (:data:`hpctp.perf.workload.CATEGORIES`)."""
 
 OPTIMIZER_KERNELS = 10
 """Kernels the optimizer launches per parameter tensor it steps (Adam's foreach updates on the host)."""
@@ -139,7 +142,9 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
     compute = {}
     for phase in ("fwd", "bwd"):
         small = flops[phase].pop("gemm_small", 0.0)
+        scores = flops[phase].pop("softmax", 0.0)  # (scores, not flops)
         t = sum(v / rates.rate(cat) for cat, v in flops[phase].items()) + rates.gemm_half * small / rates.gemm
+        t += scores / rates.softmax
         ew = info.elementwise.get(phase)
         if ew is not None:
             t += ew(sh.batch, sh.points) * share / rates.bandwidth
@@ -200,7 +205,7 @@ def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:
             for fqn in u.layers:
                 info = work.layers.get(fqn)
                 if info is not None:
-                    c += sum(fit(1, pts, pts) for cat, fit in info.flops.items() if cat[1] != "gemm_small")
+                    c += sum(fit(1, pts, pts) for cat, fit in info.flops.items() if cat[1] not in NOT_FLOPS)
             costs.append(c + 1e-9)
         work.cache[key] = balanced_cuts(costs, parts)
     return work.cache[key]  # type: ignore[no-any-return]

@@ -106,10 +106,10 @@ def fft_flops(numel: int, points: int) -> float:
     return 2.5 * numel * math.log2(max(points, 2))
 
 
-CATEGORIES = ("gemm", "conv", "attention", "fft", "gemm_small")
+CATEGORIES = ("gemm", "conv", "attention", "fft", "gemm_small", "softmax")
 """Kinds of computation, each priced at its own rate (:class:`hpctp.perf.ComputeRates`); ``gemm_small`` sums each
 GEMM's flops over its smallest dimension (what :attr:`hpctp.perf.ComputeRates.gemm_half` prices: small GEMMs run
-below the peak rate)."""
+below the peak rate); ``softmax`` counts attention scores, not flops (:attr:`hpctp.perf.ComputeRates.softmax`)."""
 
 
 @dataclass(frozen=True)
@@ -621,12 +621,15 @@ class _Probe(TorchDispatchMode):
                 small = min(int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]))
                 self.flops[(owner, phase, "gemm_small")] += flops / max(small, 1)
             self.flops[(owner, phase, cat)] += flops
+            if cat == "attention" and len(ins) >= 3:
+                self.flops[(owner, phase, "softmax")] += _softmax_scores(name, ins)
             self.kernels[(owner, phase)] += 1
         elif "scaled_dot_product" in name and len(ins) >= 3:  # (kernels torch has no flop formula for: CPU flash)
             back = name.endswith("backward")
-            q, keys = (ins[1], ins[2]) if back else (ins[0], ins[1])
-            pairs = q.numel() // max(q.shape[-1], 1) * keys.shape[-2]  # batch x heads x queries x keys
-            self.flops[(owner, phase, "attention")] += (10.0 if back else 4.0) * pairs * q.shape[-1]
+            q = ins[1] if back else ins[0]
+            scores = _softmax_scores(name, ins)
+            self.flops[(owner, phase, "attention")] += (5.0 if back else 4.0) * scores * q.shape[-1]
+            self.flops[(owner, phase, "softmax")] += scores
             self.kernels[(owner, phase)] += 1
         elif name in _FFT and ins:
             x, dims = ins[0], args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else range(ins[0].ndim)
@@ -640,6 +643,15 @@ class _Probe(TorchDispatchMode):
             return out
         self.owners.note(outs, owner, overwrite=False)
         return out
+
+
+def _softmax_scores(name: str, ins: list[torch.Tensor]) -> float:
+    """Softmax scores of an attention kernel (batch x heads x queries x keys), twice over in backward (which
+    recomputes them, then forms their gradient): what :attr:`hpctp.perf.ComputeRates.softmax` prices."""
+    back = name.endswith("backward")
+    q, keys = (ins[1], ins[2]) if back else (ins[0], ins[1])
+    pairs = q.numel() // max(q.shape[-1], 1) * keys.shape[-2]
+    return float(pairs) * (2.0 if back else 1.0)
 
 
 def _shapes_only(t: torch.Tensor) -> bool:
@@ -1054,8 +1066,8 @@ def _layers(
             for cat in CATEGORIES:
                 vals = [r.flops.get((fqn, phase, cat), 0.0) for r in runs]
                 if any(vals):
-                    fit = Bilinear.fit(vals, bs, ps, square=cat in ("gemm", "attention"))
-                    cat_fit = "attention" if fit.quadratic else cat
+                    fit = Bilinear.fit(vals, bs, ps, square=cat in ("gemm", "attention", "softmax"))
+                    cat_fit = "attention" if fit.quadratic and cat != "softmax" else cat
                     if (phase, cat_fit) in info.flops:  # (two categories fitted as attention: add)
                         prev = info.flops[(phase, cat_fit)]
                         fit = Bilinear(tuple(a + b for a, b in zip(prev.c, fit.c)), fit.quadratic)  # type: ignore[arg-type]
