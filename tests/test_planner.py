@@ -37,7 +37,7 @@ from hpctp.perf import Candidate, Link, PlanError, Sample, load_machine, parse_b
 from hpctp.perf.machine import collective_time
 from hpctp.perf.memory import local_numel, predict_memory, shares
 from hpctp.perf.search import candidates, grids, limits, spearman
-from hpctp.perf.timing import layer_cost, step_messages
+from hpctp.perf.timing import _simulate, layer_cost, step_messages
 from hpctp.testing import assert_all, assert_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -587,6 +587,19 @@ def test_pipeline_message_buffers_follow_the_runtime_posting() -> None:
     # micro-batches of uneven sizes (a data group's 3 samples in the first of 2, in units of 2): weighted
     assert most("1f1b", 2, 2, 1, 0, RECEIVE_AHEAD, (1.5, 0.0)) == (0, 1.5, 0)
     assert all(row[0] == 0 and row[-1] == 0 for r in range(3) for row in _message_buffers("zero_bubble", 3, 6, 1, r, 3))
+
+
+def test_pipeline_time_simulates_each_stage_at_its_own_cost() -> None:
+    """Interleaved on 2 ranks, 4 stages of unequal cost: the busiest rank computes its own stages' passes (rank 1:
+    stages 1 and 3), not as many passes of the costliest stage; the step is the simulator's on the same costs."""
+    f, b = [0.75, 3.0, 1.5, 0.75], [1.5, 6.0, 3.0, 1.5]  # (hundredths of the slowest forward: not rounded)
+    step, busy = _simulate("interleaved", 2, 4, 2, f, b, [0.0] * 4, 0.0)
+    assert busy == pytest.approx(4 * (3.0 + 6.0 + 0.75 + 1.5))  # (not 4 * 2 * (3 + 6), the costliest stage's)
+    want = pipeline_schedule("interleaved", 2, 4, 2).simulate({"F": f, "B": b})
+    assert step == pytest.approx(want.step) and step > busy
+    split, _ = _simulate("zero_bubble", 2, 4, 1, [1.0, 2.0], [1.0, 2.0], [1.0, 2.0], 0.0)
+    assert split == pytest.approx(pipeline_schedule("zero_bubble", 2, 4, 1).simulate(
+        {"F": [1.0, 2.0], "B": [1.0, 2.0], "W": [1.0, 2.0]}).step)  # fmt: skip
 
 
 def test_pipeline_in_flight_follows_the_runtime_cuts_and_the_split_backward() -> None:

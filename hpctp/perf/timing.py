@@ -211,18 +211,28 @@ def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:
     return work.cache[key]  # type: ignore[no-any-return]
 
 
-def _simulate(name: str, p: int, m: int, v: int, f: float, b: float, w: float, latency: float) -> tuple[float, float]:
-    """Step time and the busiest rank's computation of a schedule with uniform stage costs (simulated in units of
-    ``f``, with the other costs rounded to a tenth of it: schedules that differ by less share one simulation)."""
-    if f <= 0:
+def _simulate(
+    name: str, p: int, m: int, v: int, f: Sequence[float], b: Sequence[float], w: Sequence[float], latency: float
+) -> tuple[float, float]:  # fmt: skip
+    """Step time and the busiest rank's computation of a schedule with each stage's own costs (simulated in units of
+    the slowest forward, every cost rounded to a hundredth of it: schedules that differ by less share one
+    simulation)."""
+    unit = max(f, default=0.0)
+    if unit <= 0:
         return 0.0, 0.0
-    step, busy = _simulate_units(name, p, m, v, round(b / f, 1), round(w / f, 1), round(latency / f, 1))
-    return step * f, busy * f
+
+    def units(xs: Sequence[float]) -> tuple[float, ...]:
+        return tuple(round(x / unit, 2) for x in xs)
+
+    step, busy = _simulate_units(name, p, m, v, units(f), units(b), units(w), round(latency / unit, 2))
+    return step * unit, busy * unit
 
 
 @lru_cache(maxsize=4096)
-def _simulate_units(name: str, p: int, m: int, v: int, b: float, w: float, latency: float) -> tuple[float, float]:
-    timeline = pipeline_schedule(name, p, m, v).simulate({"F": 1.0, "B": b, "W": w}, latency)
+def _simulate_units(
+    name: str, p: int, m: int, v: int, f: tuple[float, ...], b: tuple[float, ...], w: tuple[float, ...], latency: float
+) -> tuple[float, float]:  # fmt: skip
+    timeline = pipeline_schedule(name, p, m, v).simulate({"F": list(f), "B": list(b), "W": list(w)}, latency)
     return timeline.step, max(timeline.busy(r) for r in range(p))
 
 
@@ -300,18 +310,13 @@ def predict_time(
                      for r in range(cand.pipeline)]  # fmt: skip
         busiest = max(range(cand.pipeline), key=lambda r: rank_load[r])
         mine = list(range(busiest, parts, cand.pipeline))
-        fmax = max(s[0] for s in per_stage)
-        bmax = max(s[1] for s in per_stage)
-        host_stage = host_total / parts
-        if asynchronous:
-            fmax, bmax = max(fmax, host_stage / 2), max(bmax, host_stage / 2)
-        else:
-            fmax += host_stage / 2
-            bmax += host_stage / 2
+        half_host = host_total / parts / 2  # (each stage's share of the host's work, half in each pass)
+        fs = [max(s[0], half_host) if asynchronous else s[0] + half_host for s in per_stage]
+        bs = [max(s[1], half_host) if asynchronous else s[1] + half_host for s in per_stage]
         boundary = _boundary_bytes(work, sh)
         lat = machine.message_time("p2p", boundary, 2, machine.level(cand.dims, (0,)))
         split = cand.schedule == "zero_bubble" and not cand.recompute  # (a recomputing stage is not split)
-        fb = (fmax, bmax / 2 if split else bmax, bmax / 2 if split else 0.0)
+        fb = (fs, [b / 2 for b in bs] if split else bs, [b / 2 for b in bs] if split else [0.0] * parts)
         step0, busy = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, 0.0)
         step1, _ = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, lat)
         compute = busy
