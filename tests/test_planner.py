@@ -592,7 +592,7 @@ def test_pipeline_message_buffers_follow_the_runtime_posting() -> None:
 def test_pipeline_time_simulates_each_stage_at_its_own_cost() -> None:
     """Interleaved on 2 ranks, 4 stages of unequal cost: the busiest rank computes its own stages' passes (rank 1:
     stages 1 and 3), not as many passes of the costliest stage; the step is the simulator's on the same costs."""
-    f, b = [0.75, 3.0, 1.5, 0.75], [1.5, 6.0, 3.0, 1.5]  # (hundredths of the slowest forward: not rounded)
+    f, b = [0.75, 3.0, 1.5, 0.75], [1.5, 6.0, 3.0, 1.5]  # (twentieths of the slowest forward: not rounded)
     step, busy = _simulate("interleaved", 2, 4, 2, f, b, [0.0] * 4, 0.0)
     assert busy == pytest.approx(4 * (3.0 + 6.0 + 0.75 + 1.5))  # (not 4 * 2 * (3 + 6), the costliest stage's)
     want = pipeline_schedule("interleaved", 2, 4, 2).simulate({"F": f, "B": b})

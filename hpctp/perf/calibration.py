@@ -31,7 +31,7 @@ from ..comm import ProcessGrid, check_grid
 from .machine import COMPUTE_KEYS, KINDS, ComputeRates, Link, MachineProfile
 from .workload import fft_flops
 
-__all__ = ["calibrate", "host_op_seconds", "SIZES", "REPEATS", "HOST_OPS", "ELEMENTWISE_NUMEL"]
+__all__ = ["calibrate", "host_op_seconds", "SIZES", "REPEATS", "HOST_OPS", "ELEMENTWISE_NUMEL", "ATTENTION_HEAD_DIMS"]
 
 SIZES = (256, 1 << 21)
 """Bytes per rank of the small and large messages (latency and bandwidth): larger sizes fit the bandwidth of big
