@@ -1,13 +1,13 @@
 """Step time of one rank for a plan: computation, messages, pipeline bubble, optimizer step.
 
 Per module (:class:`~hpctp.perf.workload.LayerInfo`) at the rank's block: its flops of each kind at the
-machine's rate for that kind, its attention scores at the softmax's rate, its elementwise bytes at the memory bandwidth (both divided by the tensor
-axis inside tensor-parallel modules), and its messages (:func:`hpctp.perf.layers.layer_messages`), each
-at the latency and bandwidth of the link its communicator crosses (:meth:`MachineProfile.level`). A
-message the layer overlaps with its own computation (halo exchanges, the attention ring) costs only what
-exceeds that computation. The host's own time per step (Python, operator dispatch) is the trace's
-measured meta-device time scaled by the machine's time per kernel; on an asynchronous device it overlaps
-the kernels, elsewhere it adds.
+machine's rate for that kind, its attention scores at the softmax's rate, its elementwise bytes at the memory
+bandwidth (all divided by the tensor axis inside tensor-parallel modules), and its messages
+(:func:`hpctp.perf.layers.layer_messages`), each at the latency and bandwidth of the link its communicator crosses
+(:meth:`MachineProfile.level`). A message the layer overlaps with its own computation (halo exchanges, the attention
+ring) costs only what exceeds that computation. The host's own time per step (Python, operator dispatch) is the
+trace's measured meta-device time scaled by the machine's time per kernel; on an asynchronous device it overlaps the
+kernels, elsewhere it adds.
 
 Data parallelism (:class:`hpctp.nn.ShardedDataParallel`): stages 0-1 all-reduce each bucket over the data
 axes and, for replicated parameters of spatially split layers, the spatial ones; stages 2-3 reduce-scatter
