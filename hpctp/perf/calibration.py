@@ -58,6 +58,14 @@ def _timed(comm: Any, fn: Callable[[], object], repeats: int) -> float:
     return sum(C.slowest_seconds(comm, fn) for _ in range(repeats)) / repeats
 
 
+def _fastest(comm: Any, fn: Callable[[], object], repeats: int) -> float:
+    """The slowest rank's seconds of ``fn``, the fastest of ``max(repeats, 3)`` calls after one warm-up: the overlap
+    is a difference of three times, and one stall in the message's would read as overlap (0.95 in a CI run, where
+    messages do not progress behind computation at all)."""
+    fn()
+    return min(C.slowest_seconds(comm, fn) for _ in range(max(repeats, 3)))
+
+
 def _measure(comm: Any, kind: str, nbytes: int, repeats: int, device: torch.device, dtype: torch.dtype) -> float:
     """Seconds of one ``kind`` message of ``nbytes`` per rank over ``comm``; the size the formula takes."""
     q, rank = comm.Get_size(), comm.Get_rank()
@@ -106,9 +114,7 @@ def _fit(rows: list[tuple[float, float, float]]) -> Link:
 
 def _rate(comm: Any, fn: Callable[[], object], work: float, repeats: int) -> float:
     """Work per second of ``fn`` run on every rank at once, on the slowest rank."""
-    fn()
-    seconds = sum(C.slowest_seconds(comm, fn) for _ in range(repeats)) / repeats
-    return work / max(seconds, 1e-12)
+    return work / max(_timed(comm, fn, repeats), 1e-12)
 
 
 ELEMENTWISE_NUMEL = 1 << 20
@@ -241,14 +247,6 @@ def _overlap(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int) 
     t_compute, t_both = _fastest(comm, compute, repeats), _fastest(comm, both, repeats)
     t_message = min(t_message, _fastest(comm, message, repeats))  # (again, after: a stall inflates one measure)
     return min(1.0, max(0.0, (t_compute + t_message - t_both) / max(t_message, 1e-12)))
-
-
-def _fastest(comm: Any, fn: Callable[[], object], repeats: int) -> float:
-    """The slowest rank's seconds of ``fn``, the fastest of ``max(repeats, 3)`` calls after one warm-up: the overlap
-    is a difference of three times, and one stall in the message's would read as overlap (0.95 in a CI run, where
-    messages do not progress behind computation at all)."""
-    fn()
-    return min(C.slowest_seconds(comm, fn) for _ in range(max(repeats, 3)))
 
 
 def calibrate(

@@ -316,7 +316,8 @@ def predict_time(
         boundary = _boundary_bytes(work, sh)
         lat = machine.message_time("p2p", boundary, 2, machine.level(cand.dims, (0,)))
         split = cand.schedule == "zero_bubble" and not cand.recompute  # (a recomputing stage is not split)
-        fb = (fs, [b / 2 for b in bs] if split else bs, [b / 2 for b in bs] if split else [0.0] * parts)
+        halves = [b / 2 for b in bs]
+        fb = (fs, halves if split else bs, halves if split else [0.0] * parts)
         step0, busy = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, 0.0)
         step1, _ = _simulate(cand.schedule, cand.pipeline, m, cand.chunks, *fb, lat)
         compute = busy
