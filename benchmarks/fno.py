@@ -7,9 +7,10 @@ Usage::
 
 In one run: every rank runs forward+backward of ``layers`` x SpectralConv2d (GELU between
 the layers) on its block of the field (1 torch thread per rank): truncated DFT matrices on
-the block, one Allreduce of the kept spectrum, the inverse onto the block; then
-``sync_gradients`` (which has nothing to send: backward completes the Fourier weights'
-gradients with one Allreduce of the output spectrum's gradient). Then rank 0 starts the single-process
+the block, a reduce-scatter of the kept spectrum into each rank's run of modes, the mix of that
+run, an all-gather of the mixed runs, the inverse onto the block; then ``sync_gradients`` (which
+has nothing to send: backward completes the Fourier weights' gradients with an all-gather of
+their runs). Then rank 0 starts the single-process
 reference, :func:`hpctp.nn.functional.spectral_conv_fft` (torch.fft) with the same weights,
 in a *separate process* (``--threads`` torch threads, default = number of ranks) while the
 other ranks sleep, so each process's peak RSS (``getrusage`` maxrss) is its own. The input
@@ -108,7 +109,7 @@ def distributed(args: argparse.Namespace) -> None:
     L.report(
         table,
         ref,
-        f"hpctp : {grid.size} ranks, grid {grid.dims}, 1 torch thread each (truncated DFT + Allreduce of the spectrum)",
+        f"hpctp : {grid.size} ranks, grid {grid.dims}, 1 torch thread each (truncated DFT + the spectrum's modes split)",
         f"torch : 1 process, {threads} threads (separate process, spectral_conv_fft = torch.fft)",
     )
     fwd, bwd, syn = table[:, 5].max(), table[:, 6].max(), table[:, 7].max()

@@ -108,6 +108,27 @@ def test_whole_field_fft_path() -> None:
     grid.free()
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 12, 9), (1, 3, 8, 10)])
+def test_split_path_on_a_whole_field_equals_the_fft_path(shape: tuple[int, ...]) -> None:
+    """``split_path_on_whole_fields`` (what the planner traces for plans that split the field): a whole field goes
+    through the DFT matrices and the mix of every mode, no message, and equals torch's FFTs, forward and gradients."""
+    grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
+    w = _weight(3, 2, (6, 4), 5).requires_grad_()
+    x = torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    g = torch.randn(shape[0], 2, *shape[2:], dtype=F64, generator=torch.Generator().manual_seed(5))
+    with fourier.split_path_on_whole_fields(), hpctp.CommCounter() as sent, torch.profiler.profile() as prof:
+        y = spectral_conv(x, w, grid=grid, split=(0, 1))
+        (y * g).sum().backward()
+    assert sent.calls == {} and not any("fft" in e.name for e in prof.events()), sent.calls
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    r = spectral_conv_fft(x, w)
+    (r * g).sum().backward()
+    for got, want in ((y, r), (gx, x.grad), (gw, w.grad)):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-13)
+    grid.free()
+
+
 def test_fft_reference_rejects_bad_inputs() -> None:
     w = _weight(2, 2, (2, 3), 0)
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got ndarray"):
@@ -191,8 +212,10 @@ def test_plain_blocks_and_float32(grid2d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_sends_only_the_kept_spectrum(grid2d: hpctp.ProcessGrid) -> None:
-    """CommCounter: forward and backward are one Allreduce of a kept spectrum each, whatever the
-    field size, and sync_gradients has nothing left to send for the (complete) weight gradient."""
+    """CommCounter: forward is one reduce-scatter of the kept spectrum into each rank's run of modes and one
+    all-gather of the mixed runs; backward the all-gather's adjoint and the all-gather of the weight gradient's runs
+    (the input needs no gradient: no all-gather of its spectrum's), whatever the field size; sync_gradients has
+    nothing left to send for the (complete) weight gradient."""
     layer = SpectralConv2d(3, 2, (2, 3), grid=grid2d, seed=0, dtype=F64)
     lay = make_layout(grid2d, (2, 3, 20, 16), (None, None, 0, 1), skew=False)
     x = hpctp.DistTensor(global_field(lay.global_shape, 0)[lay.local_slices(grid2d.coords)], grid2d, lay)
@@ -201,11 +224,18 @@ def test_sends_only_the_kept_spectrum(grid2d: hpctp.ProcessGrid) -> None:
     with hpctp.CommCounter() as bwd:
         y.local.square().sum().backward()
         hpctp.nn.sync_gradients(layer, grid2d)
-    par = grid2d.size > 1
-    spectrum_in = 2 * 3 * (2 * 2) * 3 * 16  # batch, C_in, 2 m_1, m_2, complex128
-    spectrum_out = 2 * 2 * (2 * 2) * 3 * 16  # batch, C_out, ...: the gradient of the output spectrum
+    q, modes, item = grid2d.size, (2 * 2) * 3, 16  # 2 m_1 x m_2 kept modes, complex128
+    mine = modes // q + (grid2d.rank < modes % q)  # this rank's run of modes (mode_cuts)
+    spectrum_in, spectrum_out, weight = 2 * 3, 2 * 2, 3 * 2  # batch x C_in, batch x C_out, C_in x C_out per mode
     got = (fwd.calls, fwd.bytes_sent, bwd.calls, bwd.bytes_sent)
-    want = ({"Allreduce": 1}, spectrum_in, {"Allreduce": 1}, spectrum_out) if par else ({}, 0, {}, 0)
+    want: tuple[object, ...] = ({}, 0, {}, 0)
+    if q > 1:
+        want = (
+            {"Ireduce_scatter": 1, "Iallgatherv": 1},
+            ((modes - mine) * spectrum_in + mine * (q - 1) * spectrum_out) * item,
+            {"Ireduce_scatter": 1, "Iallgatherv": 1},
+            ((modes - mine) * spectrum_out + mine * (q - 1) * weight) * item,
+        )
     assert_all(grid2d, got == want, f"(forward calls, bytes, backward+sync calls, bytes) = {got}, expected {want}")
 
 

@@ -5,10 +5,11 @@ learned complex weights (mixing channels) and transforms back; every other mode 
 dropped. Only ``2m`` frequencies per axis survive (``m`` on the last, real axis), so the
 distributed layer never moves the field: each rank applies the truncated DFT to its own
 block (one small matmul per axis, see :mod:`hpctp.nn.spectral._dft`), the shares of the kept
-spectrum are summed with one ``Allreduce`` over the grid axes that split the field, every
-rank multiplies the (small, replicated) spectrum by the weights, and each rank evaluates
-the inverse transform on its own output block. Backward is the adjoint: one more
-``Allreduce``, of the output spectrum's gradient, after which the weight's gradient is
+spectrum are summed by a reduce-scatter over the grid axes that split the field into each
+rank's run of the modes, every rank multiplies its run by the weights (the mix divided among
+the ranks, :mod:`hpctp.nn.spectral._modes`), an all-gather gives every rank the whole output
+spectrum, and each rank evaluates the inverse transform on its own output block. Backward is
+the adjoint, and the weight gradient's runs are all-gathered, so the weight's gradient is
 complete on every rank (no gradient synchronisation of its own). The cost per axis is
 ``O(n m)`` instead of an FFT's ``O(n log n)``, with messages of the truncated spectrum's
 size instead of pencil transposes of the whole field: the right trade for the ``m`` of 8
@@ -20,19 +21,39 @@ weights -> ``torch.fft.irfftn``, the layer of Li et al., 2021) on the gathered f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from ...comm import ProcessGrid, check_grid
 from ...layout import Layout
-from ...ops.autograd import allreduce_sum, sum_gradients
 from .._amp import autocast_dtype, autocast_off
 from ..spatial._inputs import field_input
 from ._dft import check_modes, forward_matrix, inverse_matrix, kept_modes
+from ._modes import gather_modes, mode_cuts, scatter_modes, weight_modes
 
-__all__ = ["spectral_conv", "spectral_conv_fft"]
+__all__ = ["spectral_conv", "spectral_conv_fft", "split_path_on_whole_fields"]
+
+_SPLIT_PATH = contextvars.ContextVar("hpctp_spectral_split_path", default=False)
+
+
+@contextlib.contextmanager
+def split_path_on_whole_fields() -> Iterator[None]:
+    """Local. Within it, :func:`spectral_conv` on a field whole on its rank takes a split field's path (truncated
+    DFT matrices, the mix of every kept mode, no message) instead of torch's FFTs: the computation and memory that
+    :func:`hpctp.perf.trace` records, on one rank, for the plans that split the field. The DFT matrices built within
+    are dropped from their cache on leaving (under a trace they are fake tensors, which a real layer must not get)."""
+    token = _SPLIT_PATH.set(True)
+    try:
+        yield
+    finally:
+        _SPLIT_PATH.reset(token)
+        forward_matrix.cache_clear()
+        inverse_matrix.cache_clear()
 
 
 def _modes_of(weight: torch.Tensor) -> tuple[int, ...]:
@@ -176,15 +197,20 @@ def _along(h: torch.Tensor, d: int, mat: torch.Tensor) -> torch.Tensor:
 
 
 def _along_real(x: torch.Tensor, d: int, mat: torch.Tensor) -> torch.Tensor:
-    """:func:`_along` for a real ``x``, without a complex copy of it."""
+    """:func:`_along` for a real ``x``, without a complex copy of it: one real product by the matrix's real and
+    imaginary parts side by side (``[n, 2m]``, interleaved as :func:`torch.view_as_real` lays out complex values)."""
     xt = torch.movedim(x, d, -1)
-    return torch.movedim(torch.complex(xt @ mat.real, xt @ mat.imag), -1, d)
+    both = torch.view_as_real(mat).reshape(mat.shape[0], 2 * mat.shape[1])
+    return torch.movedim(torch.view_as_complex((xt @ both).unflatten(-1, (mat.shape[1], 2))), -1, d)
 
 
 def _real_part_along(h: torch.Tensor, d: int, mat: torch.Tensor) -> torch.Tensor:
-    """The real part of :func:`_along`, computed directly (no complex result of the full size)."""
-    ht = torch.movedim(h, d, -1)
-    return torch.movedim(ht.real @ mat.real - ht.imag @ mat.imag, -1, d).contiguous()
+    """The real part of :func:`_along`, computed directly (no complex result of the full size): ``h``'s real and
+    imaginary parts, interleaved, times the rows ``Re M`` and ``-Im M`` interleaved, in one real product (the
+    parts as strided views would make torch copy every batch's matrix apart)."""
+    pairs = torch.view_as_real(torch.movedim(h, d, -1).contiguous()).flatten(-2)
+    rows = torch.stack((mat.real, -mat.imag), dim=1).reshape(2 * mat.shape[0], mat.shape[1])
+    return torch.movedim(pairs @ rows, -1, d).contiguous()
 
 
 def spectral_conv(
@@ -198,10 +224,11 @@ def spectral_conv(
     """Collective over grid. The Fourier layer on a spatially partitioned field (FNO spectral conv).
 
     Equals :func:`spectral_conv_fft` on the gathered field. Each rank transforms its own
-    block with truncated DFT matrices, one ``Allreduce`` sums the kept spectrum over the
-    grid axes that split the field, and each rank transforms back onto its own block: the
-    output has the input's layout (with ``C_out`` channels). The backward pass sums the
-    gradient of the output spectrum the same way, so the weight's gradient is *complete*
+    block with truncated DFT matrices, a reduce-scatter sums the kept spectrum over the grid
+    axes that split the field into each rank's run of the modes, each rank mixes its run, an
+    all-gather joins the runs, and each rank transforms back onto its own block: the
+    output has the input's layout (with ``C_out`` channels). The backward pass runs the
+    adjoints and all-gathers the weight gradient's runs, so the weight's gradient is *complete*
     on every rank after backward (not a partial sum): leave it out of
     :func:`hpctp.nn.sync_gradients` along those grid axes (:class:`hpctp.nn.SpectralConv2d` marks its
     weight with ``hpctp_grad_reduced`` so that one ``sync_gradients`` call stays right).
@@ -247,6 +274,20 @@ def spectral_conv(
     return field.wrap(out, lay.with_size(1, int(weight.shape[1])))
 
 
+def _mix_own_modes(h: torch.Tensor, weight: torch.Tensor, comm: Any) -> torch.Tensor:
+    """Collective over ``comm``. :func:`_mix_modes` of the sum over ``comm``'s ranks of their spectra ``h``, each rank
+    mixing only its run of the kept modes (:mod:`hpctp.nn.spectral._modes`); the whole output spectrum on every
+    rank."""
+    kept = tuple(h.shape[2:])
+    total = math.prod(kept)
+    cuts = mode_cuts(total, comm.Get_size())
+    flat = h.reshape(*h.shape[:2], total)
+    mine = scatter_modes(flat, comm, cuts, 2)
+    w = weight_modes(weight.reshape(*weight.shape[:2], total, 2), comm, cuts, 2)
+    y = _mix_modes(mine, torch.view_as_complex(w))
+    return gather_modes(y, comm, cuts, 2).reshape(*y.shape[:2], *kept)
+
+
 def _spectral_conv_block(
     local: torch.Tensor, weight: torch.Tensor, lay: Layout, grid: ProcessGrid, modes: tuple[int, ...]
 ) -> torch.Tensor:
@@ -255,8 +296,8 @@ def _spectral_conv_block(
     spatial = lay.global_shape[2:]
     ranges = lay.local_ranges(grid.coords)[2:]
     axes = sorted({g for g in lay.split[2:] if g is not None and grid.dims[g] > 1})
-    if not axes and local.numel():  # the whole field on this rank: torch's FFTs of the kept modes (no DFT
-        # matrices; not for an empty block, e.g. a data group's empty share: MKL rejects empty FFTs)
+    if not axes and local.numel() and not _SPLIT_PATH.get():  # the whole field on this rank: torch's FFTs of the
+        # kept modes (no DFT matrices; not for an empty block, e.g. a data group's empty share: MKL rejects empty FFTs)
         return _spectral_conv_truncated(local, weight, modes)
     real, dev = local.dtype, local.device
     last = nd - 1
@@ -264,11 +305,10 @@ def _spectral_conv_block(
     h = _along_real(local, 1 + nd, forward_matrix(spatial[last], *ranges[last], modes[last], True, real, dev))
     for i in range(last - 1, -1, -1):  # the last (half) axis first, on the real block: it shrinks it most
         h = _along(h, 2 + i, forward_matrix(spatial[i], *ranges[i], modes[i], False, real, dev))
-    if axes:  # this block's share -> the whole kept spectrum on every rank; backward: identity
-        h = torch.view_as_complex(allreduce_sum(torch.view_as_real(h), grid, axes))
-    y = _mix_modes(h, torch.view_as_complex(weight))
-    if axes:  # backward: every block's share of the spectrum's gradient summed, so the weight's
-        y = torch.view_as_complex(sum_gradients(torch.view_as_real(y), grid, axes))  # is complete
+    if axes:  # each rank mixes its own run of the kept modes, summed over the blocks (_modes)
+        y = _mix_own_modes(h, weight, grid.axes_comm(axes))
+    else:
+        y = _mix_modes(h, torch.view_as_complex(weight))
     for i in range(last):
         y = _along(y, 2 + i, inverse_matrix(spatial[i], *ranges[i], modes[i], False, real, dev))
     return _real_part_along(y, 1 + nd, inverse_matrix(spatial[last], *ranges[last], modes[last], True, real, dev))
