@@ -8,8 +8,9 @@ plans the layers execute:
 
 * convolutions and pooling (:class:`hpctp.nn.Conv2d` ...): the halo of their windows,
   :func:`hpctp.halo.fetch_plan` in forward and its adjoint in backward;
-* Fourier layers (:class:`hpctp.nn.SpectralConv2d` ...): one all-reduce of the kept spectrum of the
-  input over the axes splitting the field in forward, one of the output spectrum's gradient in backward;
+* Fourier layers (:class:`hpctp.nn.SpectralConv2d` ...): over the axes splitting the field, a reduce-scatter
+  of the kept spectrum into each rank's run of modes and an all-gather of the mixed runs in forward; in
+  backward their adjoints and the all-gather of the weight gradient's runs;
 * tensor-parallel modules (any module owning parameters split over the tensor axis, Megatron's
   column-then-row pattern): one all-reduce of the output over the tensor axis in forward, one of the
   input's gradient in backward;
@@ -44,12 +45,14 @@ from ..nn import (
     SpectralConv2d,
     SpectralConv3d,
 )
+from ..nn.spectral._modes import mode_cuts
 
 __all__ = [
     "Message",
     "Site",
     "MessageModel",
     "FLOPS_OVERRIDES",
+    "POINT_FREE_SHARES",
     "register_layer",
     "layer_messages",
     "loss_messages",
@@ -58,6 +61,7 @@ __all__ = [
     "window_messages",
     "spectral_messages",
     "spectral_flops",
+    "spectral_share",
 ]
 
 _BOUNDARY = {"zeros": "zero", "circular": "periodic", "reflect": "reflect", "replicate": "replicate"}
@@ -330,19 +334,44 @@ def window_messages(module: torch.nn.Module, site: Site, nd: int, pool: bool = F
     return halo_messages(lay, site.rank, tuple(wants), tuple(boundary), site.itemsize, overlap=overlap)
 
 
-def spectral_messages(module: Any, site: Site) -> list[Message]:
-    """Local. A Fourier layer: the kept spectrum of its input summed over the axes splitting the field (forward),
-    the output spectrum's gradient (backward); complex values of the weight's dtype."""
+def _mode_runs(module: Any, site: Site) -> tuple[tuple[int, ...], list[int], int]:
+    """The axes splitting a Fourier layer's field, every rank's run of the kept modes over the ranks of those axes
+    (:func:`hpctp.nn.spectral._modes.mode_cuts`) and this rank's index among them (row-major)."""
     axes = site.spatial_axes()
+    sizes = tuple(site.dims[a] for a in axes)
+    cuts = mode_cuts(math.prod(int(k) for k in module.weight.shape[2:-1]), math.prod(sizes))
+    runs = [hi - lo for lo, hi in zip(cuts[:-1], cuts[1:])]
+    return axes, runs, grid_rank(tuple(site.coords[a] for a in axes), sizes)
+
+
+def spectral_messages(module: Any, site: Site) -> list[Message]:
+    """Local. A Fourier layer (:mod:`hpctp.nn.spectral._modes`): forward, the kept spectrum of its input
+    reduce-scattered into each rank's run of modes and the mixed runs all-gathered; backward, the output spectrum's
+    gradient reduce-scattered and the runs of the weight's and the input spectrum's gradients all-gathered. Complex
+    values of the weight's dtype."""
+    axes, runs, k = _mode_runs(module, site)
     if not axes or site.inputs is None:
         return []
     w = module.weight
-    kept = math.prod(int(k) for k in w.shape[2:-1])
-    batch = site.inputs[0]
+    q, kept, mine = len(runs), sum(runs), runs[k]
+    others = sum(1 for j, n in enumerate(runs) if n and j != k)
     item = 2 * w.element_size()
-    fwd = batch * int(w.shape[0]) * kept * item
-    bwd = batch * int(w.shape[1]) * kept * item
-    return _allreduce("fwd", axes, fwd, "spatial", site.dims) + _allreduce("bwd", axes, bwd, "spatial", site.dims)
+    batch, cin, cout = site.inputs[0], int(w.shape[0]), int(w.shape[1])
+
+    # held: what the one-rank trace (no messages) does not see, the modes-first copies the messages read and the
+    # buffer a gather fills before its values go back in place: the whole spectrum's and this rank's run
+    def scatter(phase: str, rows: int) -> Message:
+        return Message(phase, "Ireduce_scatter", "reduce_scatter", axes, kept * rows * item,
+                       (kept - mine) * rows * item, mine * rows * item * (q - 1), others, False, "spatial",
+                       (kept + mine) * rows * item)  # fmt: skip
+
+    def gather(phase: str, rows: int) -> Message:
+        return Message(phase, "Iallgatherv", "allgather", axes, kept * rows * item,
+                       mine * rows * item * (q - 1), (kept - mine) * rows * item, q - 1 if mine else 0, False,
+                       "spatial", (kept + mine) * rows * item)  # fmt: skip
+
+    return [scatter("fwd", batch * cin), gather("fwd", batch * cout),
+            scatter("bwd", batch * cout), gather("bwd", cin * cout), gather("bwd", batch * cin)]  # fmt: skip
 
 
 def spectral_flops(module: Any, site: Site) -> dict[tuple[str, str], float]:
@@ -373,8 +402,10 @@ def spectral_flops(module: Any, site: Site) -> dict[tuple[str, str], float]:
     for i in range(last - 1, -1, -1):
         gemm(dft, b * cin * math.prod(shape) / shape[i], shape[i], modes[i], 4.0)
         shape[i] = modes[i]
-    gemm(mix, b * math.prod(modes), cin, cout, 4.0)
-    mix[1] = 4.0 * 2.0 * b * cin * cout * math.prod(modes) / max(1.0, min(b, cin, cout))
+    _, runs, k = _mode_runs(module, site)  # (the mix: this rank's run of the kept modes)
+    run = runs[k]
+    gemm(mix, b * run, cin, cout, 4.0)
+    mix[1] = 4.0 * 2.0 * b * cin * cout * run / max(1.0, min(b, cin, cout))
     shape = list(modes)
     for i in range(last):
         gemm(dft, b * cout * math.prod(shape) / shape[i], shape[i], n[i], 4.0)
@@ -409,3 +440,19 @@ FLOPS_OVERRIDES: dict[type, Callable[[Any, Site], dict[tuple[str, str], float]]]
     SpectralConv3d: spectral_flops,
 }
 """Layers whose computation on a split field differs from the one-process run the trace sees."""
+
+
+def spectral_share(module: Any, site: Site) -> float:
+    """Local. The share of a Fourier layer's work on its kept spectrum that this rank does: its run of the kept modes
+    over all of them where the field is split (:mod:`hpctp.nn.spectral._modes`), 1 on a whole field."""
+    axes, runs, k = _mode_runs(module, site)
+    return runs[k] / sum(runs) if axes and sum(runs) else 1.0
+
+
+POINT_FREE_SHARES: dict[type, Callable[[Any, Site], float]] = {
+    SpectralConv1d: spectral_share,
+    SpectralConv2d: spectral_share,
+    SpectralConv3d: spectral_share,
+}
+"""Layers whose ranks divide the elementwise work of the one-process trace that does not grow with the field's
+points (the fit's value at zero points; a Fourier layer's mix of its kept modes) by the share this gives."""

@@ -214,19 +214,23 @@ def _gradient_bytes(trace: Trace, bks: list[Bucket], zero: int, data: int) -> np
     return out
 
 
-def _bytes(trace: Trace, sh: Shares) -> np.ndarray:
+def _bytes(trace: Trace, sh: Shares, free_share: float = 1.0) -> np.ndarray:
     f = sh.features
-    return np.asarray(trace.rep @ f + sh.tensor * (trace.split @ f))
+    out = trace.rep @ f + sh.tensor * (trace.split @ f)
+    if free_share < 1.0 and len(trace.free) == len(trace.rep):
+        out = out - (1.0 - free_share) * (trace.free @ f)
+    return np.asarray(out)
 
 
-def _activations(trace: Trace, sh: Shares) -> np.ndarray:
-    return np.maximum(_bytes(trace, sh), 0.0)
+def _activations(trace: Trace, sh: Shares, free_share: float = 1.0) -> np.ndarray:
+    return np.maximum(_bytes(trace, sh, free_share), 0.0)
 
 
 def predict_memory(
     work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
     in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0, boundary: float = 0.0,
     timeline: Trace | None = None, largest: Shares | None = None, held: tuple[float, float] = (0.0, 0.0),
+    free_share: float = 1.0,
 ) -> MemoryBreakdown:  # fmt: skip
     """Local. The busiest rank's peak bytes by kind (see the module docstring).
 
@@ -255,12 +259,16 @@ def predict_memory(
     held : tuple of float
         Message buffers a layer holds while it computes, forward and backward, that the trace does not see
         (:func:`hpctp.perf.timing.held_buffers`), counted with the activations throughout each pass.
+    free_share : float
+        The rank's share of the point-free activations of layers that divide them over a split field
+        (:func:`hpctp.perf.timing.point_free_share`; the trace's ``free``).
 
     Returns
     -------
     MemoryBreakdown
     """
-    trace = work.traces[cand.recompute and True in work.traces]
+    traces = work.split_traces if work.split_traces and math.prod(cand.spatial) > 1 else work.traces
+    trace = traces[cand.recompute and True in traces]
     whole, slices, biggest, u0, u1 = _state(work, cand, stage_params)
     z = cand.zero
     params = whole if z == 0 else (whole + slices if z < 3 else slices)
@@ -268,7 +276,7 @@ def predict_memory(
     optimizer = ADAM_MOMENTS * opt_elems_bytes
     temp = opt_elems_bytes
     data = 2 * sh.samples * work.sample.shape[1] * sh.points * work.sample.itemsize
-    acts = _activations(trace, sh)
+    acts = _activations(trace, sh, free_share)
     end = float(acts[trace.end_forward]) if acts.size else 0.0
     if cand.pipeline > 1 and acts.size:
         kept = end * stage_share * in_flight  # the stage's kept activations of each micro-batch in flight

@@ -29,7 +29,7 @@ from ..nn.pipeline_parallel import RECEIVE_AHEAD, SCHEDULES, ActionKind, pipelin
 from .machine import MachineProfile
 from .memory import predict_memory, shares
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
-from .timing import LayerCost, held_buffers, layer_cost, predict_time, stage_cuts
+from .timing import LayerCost, held_buffers, layer_cost, point_free_share, predict_time, stage_cuts
 from .workload import LayerInfo, Trace, Workload
 
 __all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of", "spearman"]
@@ -372,7 +372,9 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     """Local. The busiest rank's predicted peak memory under ``cand`` (every pipeline rank tried)."""
     sh = shares(work.sample, cand)
     if cand.pipeline == 1:
-        return predict_memory(work, cand, sh, held=held_buffers(work, cand, sh))
+        return predict_memory(
+            work, cand, sh, held=held_buffers(work, cand, sh), free_share=point_free_share(work, cand)
+        )
     f = sh.features
     key = ("retained", cand.recompute)
     if key not in work.cache:

@@ -32,7 +32,7 @@ from functools import lru_cache
 
 from ..layout import FlatPacking, block_range, grid_coords
 from ..nn.pipeline_parallel import balanced_cuts, pipeline_schedule
-from .layers import FLOPS_OVERRIDES, Message, Site, layer_messages, loss_messages
+from .layers import FLOPS_OVERRIDES, POINT_FREE_SHARES, Message, Site, layer_messages, loss_messages
 from .machine import MachineProfile
 from .memory import Shares, buckets, shares
 from .model import Candidate, TimeBreakdown
@@ -46,6 +46,7 @@ __all__ = [
     "layer_cost",
     "message_parts",
     "message_time",
+    "point_free_share",
     "predict_time",
     "stage_cuts",
     "step_messages",
@@ -138,6 +139,8 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
                     flops[phase].pop(cat, None)
             for (phase, cat), v in extra.items():
                 flops[phase][cat] += v
+    free = next((fn for cls, fn in POINT_FREE_SHARES.items() if isinstance(info.module, cls)), None)
+    free_share = free(info.module, site) if free is not None else 1.0
     cost = LayerCost()
     compute = {}
     for phase in ("fwd", "bwd"):
@@ -146,8 +149,9 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         t = sum(v / rates.rate(cat) for cat, v in flops[phase].items()) + rates.gemm_half * small / rates.gemm
         t += scores / rates.softmax
         ew = info.elementwise.get(phase)
-        if ew is not None:
-            t += ew(sh.batch, sh.points) * share / rates.bandwidth
+        if ew is not None:  # (the work that does not grow with the points divided where the layer divides it)
+            nbytes = ew(sh.batch, sh.points) - (1.0 - free_share) * ew(sh.batch, 0.0)
+            t += nbytes * share / rates.bandwidth
         compute[phase] = t
         cost.flops += sum(flops[phase].values())
         cost.kernels += info.kernels.get(phase, 0.0)
@@ -175,22 +179,36 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
 
 def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, float]:
     """Local. The most bytes of message buffers one layer holds while it computes (forward, backward) on the busiest
-    rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces);
-    priced for one sample and scaled by ``sh.batch`` (message buffers grow with the samples they carry)."""
-    key = ("held buffers", cand.spatial, cand.tensor)
+    rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces, a
+    Fourier layer's gathered weight gradient), at ``sh.batch`` samples."""
+    key = ("held buffers", cand.spatial, cand.tensor, sh.batch)
     if key not in work.cache:
         coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
-        one = dataclasses.replace(sh, batch=1)
         most = [0.0, 0.0]
         for fqn, info in work.layers.items():
             if fqn == OUTSIDE:
                 continue
-            msgs = layer_messages(info.module, _site(info, cand, one, work, coords), info.tensor)
+            msgs = layer_messages(info.module, _site(info, cand, sh, work, coords), info.tensor)
             for k, phase in enumerate(("fwd", "bwd")):
                 most[k] = max(most[k], float(sum(m.held for m in msgs if m.phase == phase)))
         work.cache[key] = (most[0], most[1])
-    fwd, bwd = work.cache[key]
-    return fwd * sh.batch, bwd * sh.batch
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
+def point_free_share(work: Workload, cand: Candidate) -> float:
+    """Local. The largest share of their point-free work (:data:`hpctp.perf.layers.POINT_FREE_SHARES`: a Fourier
+    layer's mix of its kept modes) that the layers dividing it leave one rank under ``cand``; 1 where none does."""
+    key = ("point-free share", cand.spatial, cand.tensor)
+    if key not in work.cache:
+        best = 0.0
+        one = shares(work.sample, dataclasses.replace(cand, data=1, microbatches=1))
+        coords = (0,) * (len(cand.spatial) + 1)  # (rank 0 holds the longest run)
+        for info in work.layers.values():
+            fn = next((f for cls, f in POINT_FREE_SHARES.items() if isinstance(info.module, cls)), None)
+            if fn is not None and info.inputs is not None:
+                best = max(best, fn(info.module, _site(info, cand, one, work, coords)))
+        work.cache[key] = best if best > 0 else 1.0
+    return work.cache[key]  # type: ignore[no-any-return]
 
 
 def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:

@@ -51,7 +51,9 @@ from ..comm import ProcessGrid
 from ..layout import Layout
 from ..nn import ParallelPlan, checkpoint_forward
 from ..nn._deferred_weights import recording as linear_recording
+from ..nn.spectral.fourier import split_path_on_whole_fields
 from ..tensor.core import DistTensor
+from .layers import POINT_FREE_SHARES
 
 __all__ = [
     "CATEGORIES",
@@ -321,12 +323,17 @@ class Trace:
         default_factory=dict
     )  # owner -> (rep, split) 8-vector: what a zero-bubble stage keeps from B to W ([Note: deferred weight gradients])
     units: UnitTimeline | None = None  # the same timeline by unit, every snapshot
+    free: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    # free[j]: the part of rep[j] that layers dividing their point-free work own and that does not grow with the
+    # points (:data:`hpctp.perf.layers.POINT_FREE_SHARES`: a Fourier layer's spectra), which a split field divides
 
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
         keep: list[int] = []
         arrived = self.arrived  # (snapshots with different gradients are kept apart: bucket buffers rise and fall)
-        vec = np.concatenate([self.rep, self.split, self.grads[:, None], self.backward[:, None]], axis=1)
+        free = self.free if len(self.free) == len(self.rep) else np.zeros_like(self.rep)
+        vec = np.concatenate([self.rep, self.split, self.rep - free, self.grads[:, None], self.backward[:, None]],
+                             axis=1)  # fmt: skip
         order = np.argsort(-vec[:, :8].sum(axis=1))
         for j in order:
             if not any(arrived[j] == arrived[k] and np.all(vec[j] <= vec[k] + 1e-9) for k in keep):
@@ -337,7 +344,7 @@ class Trace:
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
                      keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred,
-                     self.units)  # fmt: skip
+                     self.units, free[idx])  # fmt: skip
 
 
 @dataclass
@@ -371,6 +378,10 @@ class Workload:
     leaving : dict
         ``fqn -> Bilinear``: bytes of each child's outputs that backward differentiates: the gradient that comes
         back over a pipeline cut after it.
+    split_traces : dict
+        ``{recompute: Trace}`` as ``traces``, with the layers that take another path on a split field on that path
+        (Fourier layers: truncated DFT matrices, :func:`hpctp.nn.spectral.fourier.split_path_on_whole_fields`), for
+        the plans that split it; empty where no layer does.
     """
 
     sample: Sample
@@ -386,6 +397,7 @@ class Workload:
     device: str = "cpu"
     entering: dict[str, Bilinear] = field(default_factory=dict)
     leaving: dict[str, Bilinear] = field(default_factory=dict)
+    split_traces: dict[bool, Trace] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # (the planner's memo)
 
     @property
@@ -1013,7 +1025,8 @@ def _trace(
     def unit_named(fqn: str) -> str:  # (a module outside every unit, or none: the root)
         return unit_fqns[unit_of.get(fqn, 0)]
 
-    traces = {False: _fit_trace(runs, bs, ps, unit_named)}
+    free = frozenset(n for n, m in model.named_modules() if isinstance(m, tuple(POINT_FREE_SHARES)))
+    traces = {False: _fit_trace(runs, bs, ps, unit_named, free)}
     variants = {False: _layers(model, runs, bs, fields, ps, tensor_layers, unit_of)}
     if recompute:
         again = _build(builder, plan)
@@ -1025,8 +1038,16 @@ def _trace(
         elif callable(recompute):
             recompute(again)
         cruns = [_run_probe(again, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
-        traces[True] = _fit_trace(cruns, bs, ps, unit_named)
+        traces[True] = _fit_trace(cruns, bs, ps, unit_named, free)
         variants[True] = _layers(again, cruns, bs, fields, ps, tensor_layers, unit_of)
+    split_traces: dict[bool, Trace] = {}
+    if free:  # (Fourier layers take another path on a split field: its memory traced too)
+        with split_path_on_whole_fields():
+            for rc, m in ((False, model), (True, again if recompute else None)):
+                if m is not None:  # (a first pass builds the DFT matrices of each probe's shape: cached constants)
+                    for _ in range(2):
+                        sruns = [_run_probe(m, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
+                    split_traces[rc] = _fit_trace(sruns, bs, ps, unit_named, free)
     host = _host_seconds(builder, plan, sample, f0, recompute)
     order = {fqn: i for i, fqn in enumerate(runs[0].order)}
     layers = variants[False]
@@ -1045,7 +1066,7 @@ def _trace(
     entering = {fqn: Bilinear.fit([r.entering.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].entering}
     leaving = {fqn: Bilinear.fit([r.leaving.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].leaving}
     return Workload(sample, params, layers, ranked, traces, variants, tensor_capable, host, model, f0,
-                    "cpu" if fake else "meta", entering, leaving)  # fmt: skip
+                    "cpu" if fake else "meta", entering, leaving, split_traces=split_traces)  # fmt: skip
 
 
 def _layers(
@@ -1083,9 +1104,11 @@ def _layers(
 
 
 def _fit_trace(
-    runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float], unit_of: Callable[[str], str] = lambda fqn: ""
+    runs: list[_Run], bs: tuple[int, int], ps: tuple[float, float], unit_of: Callable[[str], str] = lambda fqn: "",
+    free_owners: frozenset[str] = frozenset(),
 ) -> Trace:  # fmt: skip
-    """The runs' timelines fitted in ``(1, b, p, b p)``; ``unit_of(fqn)``: the unit a module belongs to."""
+    """The runs' timelines fitted in ``(1, b, p, b p)``; ``unit_of(fqn)``: the unit a module belongs to;
+    ``free_owners``: the modules whose point-free bytes go to ``Trace.free`` too."""
     if (
         len({len(r.snapshots) for r in runs}) != 1
     ):  # the probes took different paths: each one's end of forward and peaks
@@ -1093,6 +1116,7 @@ def _fit_trace(
     n = len(runs[0].snapshots)
     rep = np.zeros((n, 4))
     split = np.zeros((n, 4))
+    free = np.zeros((n, 4))
     grads = np.zeros(n)
     backward = np.zeros(n)
     owners = []
@@ -1115,6 +1139,8 @@ def _fit_trace(
                 freed[unit_of(key[0][len(OUTPUTS) :])][j, _half(key)] += vec
                 continue
             (split if key[1] else rep)[j] += vec
+            if key[0] in free_owners and not key[1]:
+                free[j, :2] += vec[:2]  # (the bytes at zero points: c0 + cb b)
             owned[unit_of(key[0])][j, _half(key)] += vec
             if vals[-1] > big:
                 biggest, big = key[0], vals[-1]
@@ -1134,7 +1160,7 @@ def _fit_trace(
     units = UnitTimeline(dict(owned), dict(waiting), dict(freed), tuple(unit_of(fqn) for fqn in runs[0].owners),
                          backward > 0, grads / top, arrived, end)  # fmt: skip
     return Trace(rep, split, grads / top, backward, owners, end, arrived, runs[0].arrival, dict(retained),
-                 dict(deferred), units).pruned()  # fmt: skip
+                 dict(deferred), units, free).pruned()  # fmt: skip
 
 
 def _half(key: tuple[str, bool]) -> slice:
