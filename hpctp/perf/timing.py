@@ -180,7 +180,8 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
 def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, float]:
     """Local. The most bytes of message buffers one layer holds while it computes (forward, backward) on the busiest
     rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces, a
-    Fourier layer's gathered weight gradient), at ``sh.batch`` samples."""
+    Fourier layer's gathered weight gradient), at ``sh.batch`` samples: the largest message's (a layer's messages
+    run one after another, each one's buffers gone when the next starts)."""
     key = ("held buffers", cand.spatial, cand.tensor, sh.batch)
     if key not in work.cache:
         coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
@@ -190,7 +191,7 @@ def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, fl
                 continue
             msgs = layer_messages(info.module, _site(info, cand, sh, work, coords), info.tensor)
             for k, phase in enumerate(("fwd", "bwd")):
-                most[k] = max(most[k], float(sum(m.held for m in msgs if m.phase == phase)))
+                most[k] = max([most[k]] + [float(m.held) for m in msgs if m.phase == phase])
         work.cache[key] = (most[0], most[1])
     return work.cache[key]  # type: ignore[no-any-return]
 
