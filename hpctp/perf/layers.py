@@ -46,6 +46,7 @@ from ..nn import (
     SpectralConv3d,
 )
 from ..nn.spectral._modes import mode_cuts
+from .workload import SPLIT_PATH_LAYERS
 
 __all__ = [
     "Message",
@@ -449,10 +450,6 @@ def spectral_share(module: Any, site: Site) -> float:
     return runs[k] / sum(runs) if axes and sum(runs) else 1.0
 
 
-POINT_FREE_SHARES: dict[type, Callable[[Any, Site], float]] = {
-    SpectralConv1d: spectral_share,
-    SpectralConv2d: spectral_share,
-    SpectralConv3d: spectral_share,
-}
+POINT_FREE_SHARES: dict[type, Callable[[Any, Site], float]] = {cls: spectral_share for cls in SPLIT_PATH_LAYERS}
 """Layers whose ranks divide the elementwise work of the one-process trace that does not grow with the field's
 points (the fit's value at zero points; a Fourier layer's mix of its kept modes) by the share this gives."""

@@ -51,9 +51,9 @@ from ..comm import ProcessGrid
 from ..layout import Layout
 from ..nn import ParallelPlan, checkpoint_forward
 from ..nn._deferred_weights import recording as linear_recording
+from ..nn.spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from ..nn.spectral.fourier import split_path_on_whole_fields
 from ..tensor.core import DistTensor
-from .layers import POINT_FREE_SHARES
 
 __all__ = [
     "CATEGORIES",
@@ -62,6 +62,7 @@ __all__ = [
     "OUTPUTS",
     "OUTSIDE",
     "PROBE_POINTS",
+    "SPLIT_PATH_LAYERS",
     "Builder",
     "Bilinear",
     "Geometry",
@@ -410,6 +411,12 @@ class Workload:
         """Local. Elements of every trainable parameter, whole."""
         return sum(p.numel for p in self.params)
 
+
+SPLIT_PATH_LAYERS: tuple[type, ...] = (SpectralConv1d, SpectralConv2d, SpectralConv3d)
+"""Layers that compute another way on a field split over ranks (Fourier layers: truncated DFT matrices, each rank
+mixing its run of the kept modes): :func:`trace` runs the step again with them on that path
+(:func:`hpctp.nn.spectral.fourier.split_path_on_whole_fields`) and keeps the bytes they own that do not grow with
+the points apart (``Trace.free``), which a split field divides (:data:`hpctp.perf.layers.POINT_FREE_SHARES`)."""
 
 # ---------------------------------------------------------------------------------------------- the probe
 OUTSIDE = "<step>"
@@ -1025,7 +1032,7 @@ def _trace(
     def unit_named(fqn: str) -> str:  # (a module outside every unit, or none: the root)
         return unit_fqns[unit_of.get(fqn, 0)]
 
-    free = frozenset(n for n, m in model.named_modules() if isinstance(m, tuple(POINT_FREE_SHARES)))
+    free = frozenset(n for n, m in model.named_modules() if isinstance(m, SPLIT_PATH_LAYERS))
     traces = {False: _fit_trace(runs, bs, ps, unit_named, free)}
     variants = {False: _layers(model, runs, bs, fields, ps, tensor_layers, unit_of)}
     if recompute:
@@ -1043,11 +1050,10 @@ def _trace(
     split_traces: dict[bool, Trace] = {}
     if free:  # (Fourier layers take another path on a split field: its memory traced too)
         with split_path_on_whole_fields():
-            for rc, m in ((False, model), (True, again if recompute else None)):
-                if m is not None:  # (a first pass builds the DFT matrices of each probe's shape: cached constants)
-                    for _ in range(2):
-                        sruns = [_run_probe(m, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
-                    split_traces[rc] = _fit_trace(sruns, bs, ps, unit_named, free)
+            for rc, m in [(False, model)] + ([(True, again)] if recompute else []):
+                for _ in range(2):  # (a first pass builds the DFT matrices of each probe's shape: cached constants)
+                    sruns = [_run_probe(m, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
+                split_traces[rc] = _fit_trace(sruns, bs, ps, unit_named, free)
     host = _host_seconds(builder, plan, sample, f0, recompute)
     order = {fqn: i for i, fqn in enumerate(runs[0].order)}
     layers = variants[False]
