@@ -13,7 +13,7 @@ norm = float(np.linalg.norm(y))  # collective: the same on every rank
 f = lambda n, c, i, j: torch.sin(i / 20) * torch.cos(j / 15)  # noqa: E731  (each rank: its own block)
 u = hpctp.fromfunction(f, (1, 1, 128, 96), grid, (None, None, 0, 1), dtype="float32", like="torch")
 conv = hpctp.nn.Conv2d(1, 8, 3, padding=1, grid=grid, split=(0, 1), seed=0)  # halo exchange inside
-fno = hpctp.nn.SpectralConv2d(8, 8, modes=12, grid=grid, seed=0)  # Fourier layer: one Allreduce
+fno = hpctp.nn.SpectralConv2d(8, 8, modes=12, grid=grid, seed=0)  # Fourier layer: the spectrum's modes split
 out = fno(torch.relu(conv(u)))  # DistTensors in, DistTensors out
 hpctp.nn.global_mse_loss(out.local, torch.zeros_like(out.local), grid).backward()  # through every exchange
 hpctp.nn.sync_gradients(torch.nn.ModuleList([conv, fno]), grid)  # the single-process gradients everywhere

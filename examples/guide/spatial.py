@@ -67,7 +67,7 @@ class FNO(torch.nn.Module):
     def __init__(self, grid: hpctp.ProcessGrid, width: int = 12, modes: int = 8) -> None:
         super().__init__()
         self.lift = hpctp.nn.Conv2d(1, width, 3, padding=1, padding_mode="circular", grid=grid, seed=0)  # halo
-        self.spectral = hpctp.nn.SpectralConv2d(width, width, modes, grid=grid, seed=1)  # one Allreduce
+        self.spectral = hpctp.nn.SpectralConv2d(width, width, modes, grid=grid, seed=1)  # modes split over ranks
         self.mix = hpctp.nn.Conv2d(width, width, 1, grid=grid, seed=2)  # 1x1: no message
         self.head = hpctp.nn.Conv2d(width, 1, 1, grid=grid, seed=3)
 
