@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,21 +88,32 @@ def test_mode_mix_equals_einsum(monkeypatch: pytest.MonkeyPatch, batch: int) -> 
     assert torch.equal(fourier._mix_modes(h, w), want)
 
 
-def test_whole_field_fft_path() -> None:
-    """A field whole on one rank goes through torch's 1-D FFTs of the kept modes (not the DFT matrices):
-    it equals the reference, forward and gradients (float64)."""
-    grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
+def _one_rank_against_fft(
+    grid: hpctp.ProcessGrid, shape: tuple[int, ...], path: Callable[[], contextlib.AbstractContextManager[object]]
+) -> tuple[torch.Tensor, hpctp.CommCounter, Any]:
+    """spectral_conv on a field whole on one rank, under ``path()``, against spectral_conv_fft: output and both
+    gradients within 1e-12 (float64). Returns the weight, what the layer sent and the operators it ran."""
     w = _weight(3, 2, (6, 4), 5).requires_grad_()
-    x = torch.randn(2, 3, 12, 9, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()
-    g = torch.randn(2, 2, 12, 9, dtype=F64, generator=torch.Generator().manual_seed(5))
-    y = spectral_conv(x, w, grid=grid, split=(0, 1))
-    (y * g).sum().backward()
+    x = torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    g = torch.randn(shape[0], 2, *shape[2:], dtype=F64, generator=torch.Generator().manual_seed(5))
+    with path(), hpctp.CommCounter() as sent, torch.profiler.profile() as prof:
+        y = spectral_conv(x, w, grid=grid, split=(0, 1))
+        (y * g).sum().backward()
     gx, gw = x.grad, w.grad
     x.grad = w.grad = None
     r = spectral_conv_fft(x, w)
     (r * g).sum().backward()
     for got, want in ((y, r), (gx, x.grad), (gw, w.grad)):
         np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-13)
+    return w, sent, prof
+
+
+def test_whole_field_fft_path() -> None:
+    """A field whole on one rank goes through torch's 1-D FFTs of the kept modes (not the DFT matrices):
+    it equals the reference, forward and gradients (float64)."""
+    grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
+    w, _, prof = _one_rank_against_fft(grid, (2, 3, 12, 9), contextlib.nullcontext)
+    assert any("fft" in e.name for e in prof.events())
     # an empty batch (a data group's empty share): an empty output and a zero weight gradient
     w.grad = None
     e = spectral_conv(torch.zeros(0, 3, 12, 9, dtype=F64), w, grid=grid, split=(0, 1))
@@ -113,19 +127,8 @@ def test_split_path_on_a_whole_field_equals_the_fft_path(shape: tuple[int, ...])
     """``split_path_on_whole_fields`` (what the planner traces for plans that split the field): a whole field goes
     through the DFT matrices and the mix of every mode, no message, and equals torch's FFTs, forward and gradients."""
     grid = hpctp.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
-    w = _weight(3, 2, (6, 4), 5).requires_grad_()
-    x = torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()
-    g = torch.randn(shape[0], 2, *shape[2:], dtype=F64, generator=torch.Generator().manual_seed(5))
-    with fourier.split_path_on_whole_fields(), hpctp.CommCounter() as sent, torch.profiler.profile() as prof:
-        y = spectral_conv(x, w, grid=grid, split=(0, 1))
-        (y * g).sum().backward()
+    _, sent, prof = _one_rank_against_fft(grid, shape, fourier.split_path_on_whole_fields)
     assert sent.calls == {} and not any("fft" in e.name for e in prof.events()), sent.calls
-    gx, gw = x.grad, w.grad
-    x.grad = w.grad = None
-    r = spectral_conv_fft(x, w)
-    (r * g).sum().backward()
-    for got, want in ((y, r), (gx, x.grad), (gw, w.grad)):
-        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-13)
     grid.free()
 
 

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TypeVar
 
 from ..layout import FlatPacking, block_range, grid_coords
 from ..nn.pipeline_parallel import balanced_cuts, pipeline_schedule
@@ -51,6 +52,8 @@ __all__ = [
     "stage_cuts",
     "step_messages",
 ]
+
+_F = TypeVar("_F")
 
 NOT_FLOPS = ("gemm_small", "softmax")
 """Trace categories that are not flops of their own (:data:`hpctp.perf.workload.CATEGORIES`)."""
@@ -119,6 +122,11 @@ def _full_axes(m: Message, cand: Candidate) -> tuple[int, ...]:
     return tuple(2 + a for a in m.axes)
 
 
+def _registered(table: dict[type, _F], module: object) -> _F | None:
+    """The entry of ``table`` (by layer class) that ``module`` is an instance of, if any."""
+    return next((fn for cls, fn in table.items() if isinstance(module, cls)), None)
+
+
 def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, machine: MachineProfile,
                coords: tuple[int, ...] | None = None) -> LayerCost:  # fmt: skip
     """Local. ``info``'s cost per micro-batch on the busiest rank (see the module docstring)."""
@@ -130,7 +138,7 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
     if coords is None:
         coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
     site = _site(info, cand, sh, work, coords)
-    override = next((fn for cls, fn in FLOPS_OVERRIDES.items() if isinstance(info.module, cls)), None)
+    override = _registered(FLOPS_OVERRIDES, info.module)
     if override is not None:
         extra = override(info.module, site)
         if extra:
@@ -139,7 +147,7 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
                     flops[phase].pop(cat, None)
             for (phase, cat), v in extra.items():
                 flops[phase][cat] += v
-    free = next((fn for cls, fn in POINT_FREE_SHARES.items() if isinstance(info.module, cls)), None)
+    free = _registered(POINT_FREE_SHARES, info.module)
     free_share = free(info.module, site) if free is not None else 1.0
     cost = LayerCost()
     compute = {}
@@ -205,7 +213,7 @@ def point_free_share(work: Workload, cand: Candidate) -> float:
         one = shares(work.sample, dataclasses.replace(cand, data=1, microbatches=1))
         coords = (0,) * (len(cand.spatial) + 1)  # (rank 0 holds the longest run)
         for info in work.layers.values():
-            fn = next((f for cls, f in POINT_FREE_SHARES.items() if isinstance(info.module, cls)), None)
+            fn = _registered(POINT_FREE_SHARES, info.module)
             if fn is not None and info.inputs is not None:
                 best = max(best, fn(info.module, _site(info, cand, one, work, coords)))
         work.cache[key] = best if best > 0 else 1.0

@@ -15,6 +15,8 @@ contiguous.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,84 +47,68 @@ def _modes_back(r: torch.Tensor, dim: int, complex_: bool) -> torch.Tensor:
     return torch.view_as_complex(out) if complex_ else out
 
 
+def _counts(x: torch.Tensor, dim: int, cuts: Cuts) -> list[int]:
+    """Real elements of each rank's run of ``x``'s modes along ``dim`` (complex values count two)."""
+    row = math.prod(n for d, n in enumerate(x.shape) if d != dim) * (2 if x.is_complex() else 1)
+    return [(hi - lo) * row for lo, hi in zip(cuts[:-1], cuts[1:])]
+
+
 def _gather(x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:
     """Every rank's run of modes along ``dim``, joined in rank order."""
-    r = _modes_first(x, dim)
-    row = int(torch.Size(r.shape[1:]).numel())
+    r, counts = _modes_first(x, dim), _counts(x, dim, cuts)
     out = torch.empty((cuts[-1], *r.shape[1:]), dtype=r.dtype, device=r.device)
-    counts = [(cuts[k + 1] - cuts[k]) * row for k in range(len(cuts) - 1)]
     C.iallgatherv(comm, r.reshape(-1), out.reshape(-1), counts).wait()
     return _modes_back(out, dim, x.is_complex())
 
 
 def _scatter(x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:
     """This rank's run of modes along ``dim`` of the sum over the ranks of ``x`` (whole along ``dim``)."""
-    r = _modes_first(x, dim)
-    row = int(torch.Size(r.shape[1:]).numel())
+    r, counts = _modes_first(x, dim), _counts(x, dim, cuts)
     k = comm.Get_rank()
     out = torch.empty((cuts[k + 1] - cuts[k], *r.shape[1:]), dtype=r.dtype, device=r.device)
-    counts = [(cuts[j + 1] - cuts[j]) * row for j in range(len(cuts) - 1)]
     C.ireduce_scatter(comm, r.reshape(-1), out.reshape(-1), counts).wait()
     return _modes_back(out, dim, x.is_complex())
 
 
-class _ScatterModes(torch.autograd.Function):
-    """Forward reduce-scatter of the modes, backward all-gather."""
+def _own_run(w: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:
+    """This rank's run of modes along ``dim`` of a replicated ``w`` (a view)."""
+    k = comm.Get_rank()
+    return w.narrow(dim, cuts[k], cuts[k + 1] - cuts[k])
+
+
+Move = Callable[[torch.Tensor, MPI.Intracomm, Cuts, int], torch.Tensor]
+
+
+class _Adjoint(torch.autograd.Function):
+    """Forward ``move``, backward its adjoint ``back`` (the three moves of this module: reduce-scatter and
+    all-gather are each other's adjoint, and the all-gather is a rank's run's)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:  # type: ignore[override]
-        ctx.meta = (comm, cuts, dim)
-        return _scatter(x, comm, cuts, dim)
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int, move: Move, back: Move
+    ) -> torch.Tensor:
+        ctx.meta = (comm, cuts, dim, back)
+        return move(x, comm, cuts, dim)
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        comm, cuts, dim = ctx.meta
-        return _gather(dy, comm, cuts, dim), None, None, None
-
-
-class _GatherModes(torch.autograd.Function):
-    """Forward all-gather of the modes, backward reduce-scatter."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:  # type: ignore[override]
-        ctx.meta = (comm, cuts, dim)
-        return _gather(x, comm, cuts, dim)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        comm, cuts, dim = ctx.meta
-        return _scatter(dy, comm, cuts, dim), None, None, None
-
-
-class _WeightModes(torch.autograd.Function):
-    """Forward this rank's run of modes of a replicated weight (a view), backward the all-gather of every rank's
-    gradient run: the whole gradient on every rank."""
-
-    @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:  # type: ignore[override]
-        ctx.meta = (comm, cuts, dim)
-        k = comm.Get_rank()
-        return w.narrow(dim, cuts[k], cuts[k + 1] - cuts[k])
-
-    @staticmethod
-    def backward(ctx: Any, dw: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        comm, cuts, dim = ctx.meta
-        return _gather(dw, comm, cuts, dim), None, None, None
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        comm, cuts, dim, back = ctx.meta
+        return back(dy, comm, cuts, dim), None, None, None, None, None
 
 
 def scatter_modes(x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:
     """Collective over ``comm``. This rank's run ``cuts[k]:cuts[k+1]`` along ``dim`` of the sum of every rank's
     ``x`` (complex, whole along ``dim``); backward: the all-gather of the runs' gradients."""
-    return _ScatterModes.apply(x, comm, cuts, dim)
+    return _Adjoint.apply(x, comm, cuts, dim, _scatter, _gather)
 
 
 def gather_modes(x: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:
     """Collective over ``comm``. Every rank's run of modes along ``dim`` joined in rank order (complex);
     backward: the reduce-scatter of the whole gradient into each rank's run."""
-    return _GatherModes.apply(x, comm, cuts, dim)
+    return _Adjoint.apply(x, comm, cuts, dim, _gather, _scatter)
 
 
 def weight_modes(w: torch.Tensor, comm: MPI.Intracomm, cuts: Cuts, dim: int) -> torch.Tensor:
     """Collective over ``comm`` in backward. This rank's run of modes along ``dim`` of the replicated ``w`` (real
     pairs last); backward: the all-gather of the runs' gradients (the whole gradient on every rank)."""
-    return _WeightModes.apply(w, comm, cuts, dim)
+    return _Adjoint.apply(w, comm, cuts, dim, _own_run, _gather)
