@@ -31,7 +31,9 @@ worker also runs every plan predicted not to fit, to check it indeed exceeds the
 a chain of layers) run through :class:`hpctp.nn.PipelineParallel`, its stages cut by its default (parameter
 counts); ``--no-pipeline`` leaves them out of the search. Printed: one table per
 model and rank count (predicted and measured memory and step time per plan), the targets (memory error per plan,
-Spearman's rank correlation of the step times, the top pick's gap to the fastest measured plan, the budget check)
+Spearman's rank correlation of the step times, the top pick's gap to the fastest measured plan, the budget check),
+the measurement against itself (:func:`repeatability`: how well one pass ranks the plans of the others, the ceiling
+of the ranking targets on a shared machine)
 and, with ``--projection``, the ViT surrogate at about 1 and 10 billion parameters on 4096 x 4096 fields at 64, 512
 and 4096 H100 GPUs (predictions from the published figures of ``hpctp/perf/machines/h100-ndr.toml``).
 """
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -312,6 +315,7 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
     over = list(report.infeasible) if model == "wide-fno" else []
     todo = runnable + over
     measured: dict[str, dict[str, Any]] = {}
+    passes: list[dict[str, float]] = []  # (each pass's step per plan: the measurement against itself)
     for cycle in range(args.cycles):  # (one job per pass: what a pass leaves allocated ends with its processes)
         # each pass starts at another plan: the first plan of a job runs on a cold process (its heap, its caches),
         # and in the ranked order that would be the top pick in every pass
@@ -321,9 +325,11 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
                            f"--plans={json.dumps([_spec(p.candidate) for p in order])}",
                            *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
                            *(["--no-memory"] if cycle else [])])  # fmt: skip
+        passes.append({})
         for line in out.splitlines():
             if line.startswith("{"):
                 row = json.loads(line)
+                passes[-1][row["label"]] = row["step"]
                 prev = measured.setdefault(row["label"], row)
                 prev["step"], prev["cpu"] = min(prev["step"], row["step"]), min(prev["cpu"], row["cpu"])
     w = report.workload
@@ -351,13 +357,40 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
     rho, rho_cpu = spearman(pred_t, meas_t), spearman(pred_t, meas_c)
     gap, gap_cpu = meas_t[0] / min(meas_t) - 1, meas_c[0] / min(meas_c) - 1
     exceed = [measured[p.candidate.label()]["memory"] > budget for p in over]
+    self_rho, self_gap = repeatability([[ps[p.candidate.label()] for p in runnable] for ps in passes])
     worst = max(abs(e) for e in errors)
     print(f"\nmemory error: largest |error| {worst:.1%} over {len(errors)} plans (target 15%); Spearman of the step "
           f"times {rho:.2f} (wall), {rho_cpu:.2f} (CPU) over {len(pred_t)} plans (target 0.8); top pick "
           f"{runnable[0].candidate.label()}: {gap:+.1%} from the fastest measured (CPU: {gap_cpu:+.1%}; target 10%)"
-          + (f"; predicted over budget: {sum(exceed)} of {len(exceed)} measured over it" if over else ""), flush=True)  # fmt: skip
+          + (f"; predicted over budget: {sum(exceed)} of {len(exceed)} measured over it" if over else "")
+          + f"; the measurement against itself (each pass against the best of the others): Spearman {self_rho:.2f}, "
+          f"its fastest plan {self_gap:+.1%}", flush=True)  # fmt: skip
     return {"model": model, "ranks": n, "max_error": worst, "spearman": rho, "gap": gap, "spearman_cpu": rho_cpu,
-            "gap_cpu": gap_cpu, "exceed": (sum(exceed), len(exceed)), "plans": len(pred_t)}  # fmt: skip
+            "gap_cpu": gap_cpu, "exceed": (sum(exceed), len(exceed)), "plans": len(pred_t), "self_spearman": self_rho,
+            "self_gap": self_gap}  # fmt: skip
+
+
+def repeatability(passes: list[list[float]]) -> tuple[float, float]:
+    """How well this machine's measurement predicts itself: the ceiling of the ranking targets here.
+
+    ``passes[k][i]``: plan ``i``'s step time in pass ``k``. Each pass ``k`` is compared with the best time of every
+    plan over the other passes (the measure the predictions are compared with, less one pass): Spearman's rank
+    correlation, and the gap of pass ``k``'s fastest plan to the fastest there (as the top pick's gap). Returns the
+    mean of each over ``k`` (NaN with fewer than 2 passes).
+    """
+    import numpy as np
+
+    from hpctp.perf.search import spearman
+
+    if len(passes) < 2:
+        return math.nan, math.nan
+    t = np.asarray(passes, dtype=float)
+    rhos, gaps = [], []
+    for k in range(len(t)):
+        rest = np.delete(t, k, axis=0).min(axis=0)
+        rhos.append(spearman(t[k].tolist(), rest.tolist()))
+        gaps.append(rest[int(np.argmin(t[k]))] / rest.min() - 1)
+    return float(np.mean(rhos)), float(np.mean(gaps))
 
 
 PROJECTION = {"1B": (2048, 20, 16), "10B": (5120, 32, 40)}
@@ -442,12 +475,14 @@ def main(argv: list[str] | None = None) -> None:
         for model in args.models:
             results.append(run_model(args, n, model, machine))
     print("\n| model | ranks | plans timed | largest memory error | Spearman, wall (CPU) | top pick vs fastest, wall "
-          "(CPU) | over-budget plans measured over budget |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "(CPU) | measurement against itself: Spearman, fastest vs fastest | over-budget plans measured over "
+          "budget |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         ex = f"{r['exceed'][0]} of {r['exceed'][1]}" if r["exceed"][1] else "-"
         print(f"| {r['model']} | {r['ranks']} | {r['plans']} | {r['max_error']:.1%} | {r['spearman']:.2f} "
-              f"({r['spearman_cpu']:.2f}) | {r['gap']:+.1%} ({r['gap_cpu']:+.1%}) | {ex} |")  # fmt: skip
+              f"({r['spearman_cpu']:.2f}) | {r['gap']:+.1%} ({r['gap_cpu']:+.1%}) | {r['self_spearman']:.2f}, "
+              f"{r['self_gap']:+.1%} | {ex} |")  # fmt: skip
     ok = all(r["max_error"] <= 0.15 and r["spearman"] >= 0.8 and r["gap"] <= 0.10 for r in results)
     print(f"\ntargets {'met' if ok else 'NOT all met'} (memory within 15%, Spearman >= 0.8, top pick within 10%)")
 

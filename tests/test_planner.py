@@ -809,6 +809,24 @@ def test_predicted_peak_memory_is_within_15_percent_of_a_measured_step() -> None
         assert abs(predicted / measured - 1) <= 0.15, (cand.label(), predicted, measured)
 
 
+def test_the_benchmark_measures_its_own_repeatability() -> None:
+    """benchmarks/planner.py compares each pass with the best of the others: passes that agree rank as one (1, and
+    no gap); passes in opposite orders rank as -1, and each pass's fastest plan is the others' slowest (3 against 1)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.repeatability([[1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [1.2, 2.2, 3.2]]) == (1.0, 0.0)
+    rho, gap = bench.repeatability([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+    assert rho == pytest.approx(-1.0, abs=1e-12) and gap == pytest.approx(2.0, abs=1e-12)
+    rho, gap = bench.repeatability([[1.0, 2.0, 3.0], [2.0, 1.0, 3.0], [1.0, 2.0, 3.0]])
+    # pass 0 against [1, 1, 3]: ties; pass 1 against [1, 2, 3]: 0.5, its fastest (plan 1) 2 against 1
+    assert gap == pytest.approx(1.0 / 3.0, abs=1e-12) and -1.0 < rho < 1.0
+    assert all(math.isnan(v) for v in bench.repeatability([[1.0, 2.0]]))
+
+
 def test_gradient_memory_follows_the_buckets_messages() -> None:
     """Stages 0-2 hold a bucket whole from its first gradient until the next bucket is sent, in the order the
     gradients arrive (here the last bucket's first parameter arrives first, as a model's output layer registered
