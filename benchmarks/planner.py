@@ -21,8 +21,9 @@ device and materialized by the wrapper) and measures:
 * **memory** (the measure the predictions are compared with): the live tensors of one more step, torch.profiler's
   allocation events (:class:`hpctp.PeakMemory` ``tensors=True``: what the allocator was asked for, without what it
   keeps after frees), plus the bytes alive on entry (parameters, slices, optimizer state, the batch), the largest
-  over ranks; and **resident**: the growth of the resident set over the plan's construction and steps (jemalloc
-  returns freed memory, so it is the plan's own), for reference.
+  over ranks; and **resident**: the growth of the resident set over the plan's construction and warm-up steps
+  (jemalloc returns freed memory, so it is the plan's own), for reference; its sampling thread is stopped before
+  the timed steps.
 
 The models are the surrogate configs of ``apps/configs`` (``vit.toml``, ``default.toml``: the FNO) with ``--set``
 overrides, and a wide FNO (``--wide-width`` channels) whose state exceeds ``--wide-memory`` on one rank; the planner
@@ -172,13 +173,13 @@ def _run_plan(cfg: dict[str, Any], cand: Any, steps: int, memory: bool) -> dict[
 
         for _ in range(2):
             step()
-        times, cpus = [], []
-        for _ in range(steps):
-            c0 = time.process_time()
-            times.append(hpctp.comm.slowest_seconds(grid.comm, step))
-            cpu = np.array([time.process_time() - c0])
-            hpctp.comm.allreduce(grid.comm, cpu, "max")
-            cpus.append(float(cpu[0]))
+    times, cpus = [], []  # (timed without the resident set's sampling thread: it costs every step 10-25% here)
+    for _ in range(steps):
+        c0 = time.process_time()
+        times.append(hpctp.comm.slowest_seconds(grid.comm, step))
+        cpu = np.array([time.process_time() - c0])
+        hpctp.comm.allreduce(grid.comm, cpu, "max")
+        cpus.append(float(cpu[0]))
     out = {"label": cand.label(), "step": float(np.min(times)), "cpu": float(np.min(cpus)), "memory": 0, "resident": 0}
     if memory:
         wrapped.zero_grad(set_to_none=True)  # (as a step starts: the last step's gradients are dropped)
