@@ -307,7 +307,7 @@ def test_stage3_live_tensor_peak_against_one_process() -> None:
 @pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
 def test_model_three_times_the_budget_trains_and_saves_at_4_ranks(tmp_path: Path, allocator: str) -> None:
     """Parameters + gradients + Adam state 3x a per-rank budget: built on meta, 2 Adam steps and a save at stage 3 on
-    4 ranks, every rank's resident memory (sampled >= 1 kHz and the kernel's high-water mark, the runtime's own
+    4 ranks, every rank's resident memory (the kernel's high-water mark of the resident set, the runtime's own
     subtracted) stays under the budget, under the default glibc (the wrapper's reused unit memory, one block of
     gradient slices per step and its fixed mapping threshold) and under jemalloc through LD_PRELOAD."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_CVAR_"))}

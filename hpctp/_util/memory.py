@@ -1,10 +1,13 @@
-"""Peak memory as a user sees it: this process's resident set sampled from a thread, and the GPU allocator's peak.
+"""Peak memory as a user sees it: this process's resident set at its peak (the kernel's high-water mark), and the
+GPU allocator's peak.
 
 Accounting (summing tensor sizes) misses what a process really holds: temporaries inside a step,
 buffers the allocator keeps after they are freed, pages of libraries. :class:`PeakMemory` measures
-instead: a thread reads the resident set size (``/proc/self/statm``) every ``interval`` seconds
-(default 0.5 ms: at least 1 kHz), and, where the kernel allows it, the kernel's own high-water mark
-(``VmHWM``, reset on entry through ``/proc/self/clear_refs``) catches the peak between samples. On a
+instead: the kernel's own high-water mark of the resident set (``VmHWM``, reset on entry through
+``/proc/self/clear_refs``), which no peak escapes. Only where the kernel does not let a process reset it
+does a thread sample the resident set size (``/proc/self/statm``) every ``interval`` seconds: a thread
+that wakes at 1-2 kHz takes the GIL whenever the main thread waits in MPI, and on ranks that share
+cores it cost the steps it measured up to 1.6x. On a
 GPU, ``torch.cuda.max_memory_allocated`` (reset on entry) is the figure. With ``tensors=True`` it
 also counts allocation statistics independent of the C allocator: the peak of live CPU tensor bytes
 from torch.profiler's memory events (what the allocator was asked for, without what it keeps
@@ -111,13 +114,19 @@ def _reset_high_water() -> bool:
         return False
 
 
+_open: list[PeakMemory] = []
+"""The blocks open in this process, outermost first: a block's entry folds the kernel's mark into these before it
+resets it."""
+
+
 class PeakMemory:
     """Local. Context manager measuring this process's peak memory inside its block.
 
     Parameters
     ----------
     interval : float
-        Seconds between two samples of the resident set (default 0.5 ms).
+        Seconds between two samples of the resident set (default 0.5 ms), where a thread samples it: only where
+        the kernel's high-water mark cannot be reset.
     baseline : int, optional
         Bytes to subtract (e.g. the runtime's own, measured after a warm-up with a tiny model);
         default: the resident set on entry.
@@ -128,9 +137,11 @@ class PeakMemory:
     ----------
     baseline : int
     sampled : int
-        The largest resident set sampled (bytes).
+        The largest resident set sampled (bytes): on entry and exit, by the thread where one samples, and the
+        kernel's mark where a nested block reset it.
     kernel : int or None
-        The kernel's high-water mark over the block (bytes), where it can be reset.
+        The kernel's high-water mark over the block (bytes), where it can be reset (a nested block's entry resets
+        it again: the mark before that counts in ``sampled``).
     peak : int
         ``max(sampled, kernel)`` minus ``baseline``: what the block added at its peak.
     cuda : int
@@ -139,7 +150,7 @@ class PeakMemory:
         With ``tensors=True``: the peak of live CPU tensor bytes allocated inside the block, above
         those alive on entry (0 otherwise).
     samples : int
-        Samples taken (the sampling rate is ``samples / seconds``).
+        Samples the thread took (the sampling rate is ``samples / seconds``; 0 where the kernel's mark serves).
     seconds : float
 
     Examples
@@ -174,11 +185,17 @@ class PeakMemory:
         now = resident_bytes()
         self.baseline = now if self._fixed is None else int(self._fixed)
         self.sampled, self.samples = now, 0
+        mark = _high_water()  # (the enclosing blocks' peak so far, which the reset erases)
+        for outer in _open:
+            outer.sampled = max(outer.sampled, mark or 0)
         self._hwm = _reset_high_water()
         self._stop.clear()
         self._t0 = time.perf_counter()
-        self._thread = threading.Thread(target=self._sample, name="hpctp-peak-memory", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if not self._hwm:
+            self._thread = threading.Thread(target=self._sample, name="hpctp-peak-memory", daemon=True)
+            self._thread.start()
+        _open.append(self)
         if self._track:
             from torch.profiler import ProfilerActivity, profile
 
@@ -191,6 +208,8 @@ class PeakMemory:
             self._profile.__exit__(None, None, None)
             self.tensors = _live_peak(self._profile)
             self._profile = None
+        if self in _open:
+            _open.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -1,7 +1,7 @@
 """A model 3x a per-rank memory budget (parameters + gradients + Adam state) trains and saves at stage 3, built on meta.
 
 Run by tests/test_sharded_meta.py under ``mpiexec -n 4`` (any count works; the budget is state / (0.75 D)). Each rank
-measures its resident memory (:class:`hpctp.PeakMemory`: sampled from a thread, the kernel's high-water mark) over
+measures its resident memory (:class:`hpctp.PeakMemory`: the kernel's high-water mark) over
 construction, 2 Adam steps and a checkpoint save, minus the runtime's own: the same measurement after a warm-up run
 of a 2-layer model of the same width. Rank 0 prints one JSON line: the state, the budget and every rank's peaks.
 
