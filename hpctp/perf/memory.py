@@ -217,7 +217,7 @@ def _gradient_bytes(trace: Trace, bks: list[Bucket], zero: int, data: int) -> np
 def _bytes(trace: Trace, sh: Shares, free_share: float = 1.0) -> np.ndarray:
     f = sh.features
     out = trace.rep @ f + sh.tensor * (trace.split @ f)
-    if free_share < 1.0 and len(trace.free) == len(trace.rep):
+    if free_share < 1.0:
         out = out - (1.0 - free_share) * (trace.free @ f)
     return np.asarray(out)
 

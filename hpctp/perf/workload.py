@@ -328,12 +328,15 @@ class Trace:
     # free[j]: the part of rep[j] that layers dividing their point-free work own and that does not grow with the
     # points (:data:`hpctp.perf.layers.POINT_FREE_SHARES`: a Fourier layer's spectra), which a split field divides
 
+    def __post_init__(self) -> None:
+        if len(self.free) != len(self.rep):  # (none given, as for a stage's timeline: nothing of it is divided)
+            self.free = np.zeros_like(self.rep)
+
     def pruned(self) -> Trace:
         """Local. The snapshots that can be the largest for some block (the others are dominated)."""
         keep: list[int] = []
         arrived = self.arrived  # (snapshots with different gradients are kept apart: bucket buffers rise and fall)
-        free = self.free if len(self.free) == len(self.rep) else np.zeros_like(self.rep)
-        vec = np.concatenate([self.rep, self.split, self.rep - free, self.grads[:, None], self.backward[:, None]],
+        vec = np.concatenate([self.rep, self.split, self.rep - self.free, self.grads[:, None], self.backward[:, None]],
                              axis=1)  # fmt: skip
         order = np.argsort(-vec[:, :8].sum(axis=1))
         for j in order:
@@ -345,7 +348,7 @@ class Trace:
         idx = np.array(keep, int)
         return Trace(self.rep[idx], self.split[idx], self.grads[idx], self.backward[idx], [self.owners[i] for i in keep],
                      keep.index(self.end_forward), arrived[idx], self.arrival, self.retained, self.deferred,
-                     self.units, free[idx])  # fmt: skip
+                     self.units, self.free[idx])  # fmt: skip
 
 
 @dataclass
