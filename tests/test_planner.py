@@ -777,6 +777,17 @@ def test_predicted_state_equals_sharded_data_parallel() -> None:
         grid.free()
 
 
+def _planner_benchmark() -> Any:
+    """benchmarks/planner.py as a module (its measurement of a plan, its repeatability)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.skipif(WORLD.size != 4, reason="on 4 ranks (every kind of plan it checks; the others add none)")
 @pytest.mark.timeout(600)
@@ -787,14 +798,9 @@ def test_predicted_peak_memory_is_within_15_percent_of_a_measured_step() -> None
     does not see) and a zero-bubble pipeline of 2 stages over 2 data groups (3 samples in 2 micro-batches: 3 and 0
     on the first group, 0 and 3 on the second; what W keeps; each stage's output held until its backward); the FNO
     on a field split over every rank (its Fourier layers on the DFT path, each rank mixing a quarter of the modes)."""
-    import importlib.util
-
     from hpctp.perf.search import memory_of
 
-    spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _planner_benchmark()
     size = WORLD.Get_size()
     cfg = bench._config(bench._args(["--set", "simulation.size=[32, 32]"]), "vit")  # (the benchmark's, smaller)
     inputs = autoplan.planning_inputs(cfg)
@@ -812,12 +818,7 @@ def test_predicted_peak_memory_is_within_15_percent_of_a_measured_step() -> None
 def test_the_benchmark_measures_its_own_repeatability() -> None:
     """benchmarks/planner.py compares each pass with the best of the others: passes that agree rank as one (1, and
     no gap); passes in opposite orders rank as -1, and each pass's fastest plan is the others' slowest (3 against 1)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _planner_benchmark()
     assert bench.repeatability([[1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [1.2, 2.2, 3.2]]) == (1.0, 0.0)
     rho, gap = bench.repeatability([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
     assert rho == pytest.approx(-1.0, abs=1e-12) and gap == pytest.approx(2.0, abs=1e-12)
