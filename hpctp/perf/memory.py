@@ -267,8 +267,7 @@ def predict_memory(
     -------
     MemoryBreakdown
     """
-    traces = work.split_traces if work.split_traces and math.prod(cand.spatial) > 1 else work.traces
-    trace = traces[cand.recompute and True in traces]
+    trace = work.trace_of(cand.recompute, math.prod(cand.spatial) > 1)
     whole, slices, biggest, u0, u1 = _state(work, cand, stage_params)
     z = cand.zero
     params = whole if z == 0 else (whole + slices if z < 3 else slices)

@@ -265,9 +265,10 @@ def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[
     stage's backward); and, alike, what its zero-bubble ``W`` keeps after ``B`` (its linear layers' inputs and
     output gradients: [Note: deferred weight gradients])."""
     parts = cand.pipeline * cand.chunks
-    key = ("stages", cand.pipeline, cand.chunks, cand.recompute)
+    split = math.prod(cand.spatial) > 1
+    key = ("stages", cand.pipeline, cand.chunks, cand.recompute, split)
     if key not in work.cache:
-        trace = work.traces[cand.recompute and True in work.traces]
+        trace = work.trace_of(cand.recompute, split)
         cuts = stage_cuts(work, parts)
         root = work.units[0]
         zero = np.zeros(8)
@@ -294,7 +295,7 @@ def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[
     return work.cache[key]  # type: ignore[no-any-return]
 
 
-def _stage_timelines(work: Workload, cand: Candidate, split: bool) -> list[Trace]:
+def _stage_timelines(work: Workload, cand: Candidate, split_backward: bool) -> list[Trace]:
     """Per pipeline stage: the snapshots of the traced step at which its units compute, each with what the stage's
     units hold there above what they keep at the end of forward (its transient: a backward's temporaries, or less
     than all in forward), as a :class:`~hpctp.perf.workload.Trace` (gradients and phases of the whole step's).
@@ -310,9 +311,10 @@ def _stage_timelines(work: Workload, cand: Candidate, split: bool) -> list[Trace
     gradient stay after backward has used them, until ``W`` ([Note: deferred weight gradients]): they add up over
     the stage's ``B`` (the trace's :data:`~hpctp.perf.workload.WAITS`)."""
     parts = cand.pipeline * cand.chunks
-    key = ("stage timelines", parts, cand.recompute, split)
+    split_field = math.prod(cand.spatial) > 1
+    key = ("stage timelines", parts, cand.recompute, split_backward, split_field)
     if key not in work.cache:
-        trace = work.traces[cand.recompute and True in work.traces]
+        trace = work.trace_of(cand.recompute, split_field)
         ut = trace.units
         cuts = stage_cuts(work, parts)
         stage_of = {work.units[1 + k].fqn: s for s in range(parts) for k in range(cuts[s], cuts[s + 1])}
@@ -340,7 +342,7 @@ def _stage_timelines(work: Workload, cand: Candidate, split: bool) -> list[Trace
                 held = held + ut.owned.get(root, zero)
             else:  # (its output, which the runtime holds until the stage's backward is done)
                 held = held + ut.freed.get(work.units[cuts[s + 1]].fqn, zero)
-            if split and s > 0:  # (what its W keeps that backward would have freed)
+            if split_backward and s > 0:  # (what its W keeps that backward would have freed)
                 held = held + of(ut.waiting)
             mine = np.array(rows[s])
             vec = held[mine] - held[ut.end_forward]
@@ -376,9 +378,10 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
             work, cand, sh, held=held_buffers(work, cand, sh), free_share=point_free_share(work, cand)
         )
     f = sh.features
-    key = ("retained", cand.recompute)
+    split_field = math.prod(cand.spatial) > 1
+    key = ("retained", cand.recompute, split_field)
     if key not in work.cache:
-        trace = work.traces[cand.recompute and True in work.traces]
+        trace = work.trace_of(cand.recompute, split_field)
         work.cache[key] = sum(trace.retained.values(), np.zeros(8))
     whole = work.cache[key]
 

@@ -414,6 +414,12 @@ class Workload:
         """Local. Elements of every trainable parameter, whole."""
         return sum(p.numel for p in self.params)
 
+    def trace_of(self, recompute: bool, split: bool) -> Trace:
+        """Local. The traced step a plan runs: the recomputing one where ``recompute`` (and it was traced), on the
+        split path (:attr:`split_traces`) where ``split`` (the plan splits the field) and a layer takes that path."""
+        traces = self.split_traces if split and self.split_traces else self.traces
+        return traces[recompute and True in traces]
+
 
 SPLIT_PATH_LAYERS: tuple[type, ...] = (SpectralConv1d, SpectralConv2d, SpectralConv3d)
 """Layers that compute another way on a field split over ranks (Fourier layers: truncated DFT matrices, each rank
