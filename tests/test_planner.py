@@ -832,6 +832,11 @@ def test_predicted_peak_memory_is_within_15_percent_of_a_measured_step() -> None
         measured = bench._run_plan(c, cand, 1, memory=True)["memory"]
         predicted = memory_of(w, cand).total
         assert abs(predicted / measured - 1) <= 0.15, (cand.label(), predicted, measured)
+    # the benchmark's step measure: each step of a plan followed by one of a reference plan, kept built beside it
+    reference = bench._Built(cfg, plans[0])
+    row = bench._run_plan(cfg, plans[1], 1, memory=False, reference=reference)
+    reference.free()
+    assert math.isfinite(row["ratio"]) and row["ratio"] > 0 and row["reference"] > 0, row
 
 
 def test_the_benchmark_measures_its_own_repeatability() -> None:
