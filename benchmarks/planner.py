@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/planner.py                          # ViT, FNO and a wide FNO on 4 and 6 ranks; the tables
+    python benchmarks/planner.py                          # ViT, FNO and a wide FNO on 2, 4 and 6 ranks; the tables
     python benchmarks/planner.py --ranks 4 --models fno   # less
     python benchmarks/planner.py --projection              # only the table of predictions for H100 systems
 
@@ -76,7 +76,7 @@ MODELS = {
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[4, 6])
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 6], help="rank counts (2: a core per rank here)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (every model)")
     p.add_argument("--memory", default="2GiB", help="budget per rank of the ViT and the FNO")
