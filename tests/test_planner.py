@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import weakref
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,13 @@ def test_machine_file_errors_name_the_key(tmp_path: Path) -> None:
         load_machine(bad)
     bad.write_text(text.replace("overlap = 1.0\n", ""))  # (a file from before the key: messages overlap)
     assert load_machine(bad).overlap == 1.0
+    bad.write_text(text.replace("ranks_per_node = 8\n", "ranks_per_node = 8\ncores_per_node = -2\n"))
+    with pytest.raises(ValueError, match=r"cores_per_node must be an int >= 0 \(0: a core or a device per rank\)"):
+        load_machine(bad)
+    bad.write_text(text.replace("ranks_per_node = 8\n", "ranks_per_node = 8\ncores_per_node = 2\n"))
+    shared = load_machine(bad)
+    assert shared.cores_per_node == 2 and load_machine(shared.save(tmp_path / "back.toml")) == shared
+    assert load_machine("h100-ndr").cores_per_node == 0  # (a device per rank)
 
 
 def test_collective_formulas_and_levels() -> None:
@@ -541,6 +549,31 @@ def vit_work() -> Any:
     return trace(inputs["builder"], inputs["sample"], recompute=inputs["recompute"])
 
 
+def test_ranks_sharing_cores_lend_them_to_the_data_groups_with_more_samples(vit_work: Any) -> None:
+    """On a CPU node with fewer cores than ranks the calibrated rates are those of ranks computing at once, and a data
+    group with fewer samples lends its cores once done: 8 samples over 6 groups (2, 2, 1, 1, 1, 1) on 2 cores take
+    the mean group's computation (2/3 of the busiest's device time, plus the host's), at least the busiest's own at 3
+    times the rate; groups of equal samples, a core per rank, and the rest of the step change nothing."""
+    from hpctp.perf.search import evaluate
+
+    alone = dataclasses.replace(load_machine("h100-ndr"), asynchronous=False, ranks_per_node=6)
+    shared = dataclasses.replace(alone, cores_per_node=2)
+    assert (alone.sharing(6), shared.sharing(6), shared.sharing(2), shared.sharing(12)) == (1.0, 3.0, 1.0, 3.0)
+
+    def time_of(machine: Any, cand: Candidate) -> Any:
+        (p,) = evaluate(vit_work, [cand], machine, 2**62, host_scale=1.0, asynchronous=False)
+        return p.time
+
+    h = vit_work.host[(False, 0)]
+    host = h[0] + h[1]  # (the step's host time, measured: the same on every rank)
+    uneven, even = Candidate(6, (1, 1)), Candidate(2, (3, 1))
+    a, b = time_of(alone, uneven), time_of(shared, uneven)
+    device = a.compute - host
+    assert device > 0 and b.compute == pytest.approx(max(device * 2 / 3 + host, a.compute / 3), rel=1e-12)
+    assert b.compute < a.compute and b.total - b.compute == pytest.approx(a.total - a.compute, rel=1e-12)
+    assert time_of(shared, even) == time_of(alone, even)
+
+
 def test_grids_cover_every_factorisation_within_limits(vit_work: Any) -> None:
     lim = limits(vit_work)
     assert (lim.data, lim.spatial, lim.tensor, lim.pipeline) == (8, (16, 16), 4, 5)  # 64/4 tokens, 4 heads, 5 units
@@ -604,6 +637,9 @@ def test_calibrate_measures_the_overlap_and_writes_a_machine_file(tmp_path: Path
         assert_all(grid, load_machine(prof.save(path)) == prof, "the machine file does not read back")
         rates = prof.rates("float32")
         assert_all(grid, 0 < rates.softmax < math.inf and rates.attention > 0, f"attention fit {rates}")
+        cores = prof.cores_per_node  # (the union of the ranks' affinities: at least this rank's, at most every core)
+        ok = len(os.sched_getaffinity(0)) <= cores <= (os.cpu_count() or 1)
+        assert_all(grid, ok, f"cores_per_node {cores}, this rank may run on {sorted(os.sched_getaffinity(0))}")
 
 
 def test_bad_input_gives_a_message_naming_the_fix(vit_work: Any, tmp_path: Path, capsys: Any) -> None:

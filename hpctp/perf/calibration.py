@@ -11,12 +11,14 @@ once (as they run in training, sharing the node): a GEMM, a 3x3 convolution, an 
 per kernel; each rate is the slowest rank's. Last, the
 share of a non-blocking all-gather that computation hides (:attr:`MachineProfile.overlap`): it posts one, computes
 GEMMs for about twice its time, then waits.
-The ranks of the grid are taken as one node (``ranks_per_node`` = the grid's size). About ten seconds.
+The ranks of the grid are taken as one node (``ranks_per_node`` = the grid's size); on the CPU the cores they may
+run on (the union of their affinities) are its ``cores_per_node``. About ten seconds.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -326,14 +328,28 @@ def calibrate(
     rates = _compute(grid.comm, dev, tdtype, repeats)
     overlap = _overlap(grid.comm, dev, tdtype, repeats)
     memory = _memory_bytes(dev, grid.size)
+    cores = _cores(grid.comm) if dev.type == "cpu" else 0
     text = name or f"{platform.node()}: {grid.size} ranks on {dev.type} (calibrated)"
     return MachineProfile(
         name=text, source="calibrated", ranks_per_node=grid.size, memory_bytes=memory, compute={dtype: rates},
         network=network, asynchronous=dev.type == "cuda", overlap=overlap, date=date.today().isoformat(),
         note=f"hpctp.perf.calibrate on a {'x'.join(map(str, grid.dims))} grid, {repeats} repeats, "
         f"{time.perf_counter() - t0:.1f} s; keys: {', '.join(COMPUTE_KEYS)}",
-        calibration=per_axis,
+        calibration=per_axis, cores_per_node=cores,
     )  # fmt: skip
+
+
+def _cores(comm: Any) -> int:
+    """Collective over ``comm``. The CPU cores its ranks may run on (the union of their affinities; the ranks are
+    taken as one node, as for ``ranks_per_node``)."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity outside Linux: every core)
+        mine = list(range(os.cpu_count() or 1))
+    length = int(C.allgather_ints(comm, [max(mine, default=0) + 1]).max())  # (one mask length on every rank)
+    mask = np.zeros(length, dtype=np.int64)
+    mask[mine] = 1
+    return int(C.allgather_ints(comm, mask.tolist()).max(axis=0).sum())
 
 
 def _memory_bytes(device: torch.device, ranks: int) -> int:

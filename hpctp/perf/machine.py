@@ -65,7 +65,8 @@ OPTIONAL_COMPUTE_KEYS = ("softmax",)
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 _MACHINE_KEYS = (
-    "name", "source", "reference", "ranks_per_node", "memory_bytes", "asynchronous", "overlap", "date", "note",
+    "name", "source", "reference", "ranks_per_node", "cores_per_node", "memory_bytes", "asynchronous", "overlap", "date",
+    "note",
 )  # fmt: skip
 
 
@@ -165,6 +166,10 @@ class MachineProfile:
         ``"calibrated"``: measured by :func:`hpctp.perf.calibrate`.
     ranks_per_node : int
         Consecutive ranks sharing a node (and its ``intra`` links).
+    cores_per_node : int
+        CPU cores the ranks of a node run on, where they are fewer than the ranks (ranks then share cores); 0 (the
+        default): a core or a device per rank. :func:`hpctp.perf.calibrate` records the cores its ranks may run on.
+        Ranks that share cores and run out of work early lend them to the others (:meth:`sharing`).
     memory_bytes : int
         Memory of one rank's device (0: unknown).
     asynchronous : bool
@@ -197,6 +202,16 @@ class MachineProfile:
     date: str = ""
     note: str = ""
     calibration: Mapping[str, Mapping[str, Link]] = field(default_factory=dict)
+    cores_per_node: int = 0
+
+    def sharing(self, ranks: int) -> float:
+        """Local. Ranks per core on a node of a job of ``ranks`` ranks: 1 where each rank has a core or a device
+        (``cores_per_node`` 0 or at least the node's ranks); above 1 where ranks share cores. The calibrated rates of
+        such a node are rates of ranks that all compute at once: a rank computing alone runs up to this much faster."""
+        node = min(ranks, self.ranks_per_node)
+        if self.cores_per_node <= 0 or node <= self.cores_per_node:
+            return 1.0
+        return node / self.cores_per_node
 
     def rates(self, dtype: str) -> ComputeRates:
         """Local. The compute rates of element type ``dtype`` (e.g. ``"float32"``).
@@ -259,6 +274,7 @@ class MachineProfile:
             f"name = {_quote(self.name)}",
             f"source = {_quote(self.source)}",
             f"ranks_per_node = {self.ranks_per_node}",
+            *([f"cores_per_node = {self.cores_per_node}"] if self.cores_per_node else []),
             f"memory_bytes = {self.memory_bytes}",
             f"asynchronous = {'true' if self.asynchronous else 'false'}",
             f"overlap = {_num(self.overlap)}",
@@ -360,6 +376,11 @@ def profile_from_dict(data: Mapping[str, Any], where: str = "machine file") -> M
     rpn = head["ranks_per_node"]
     if isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 1:
         raise ValueError(f"{where} [machine]: ranks_per_node must be a positive int, got {rpn!r}")
+    cores = head.get("cores_per_node", 0)
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
+        raise ValueError(
+            f"{where} [machine]: cores_per_node must be an int >= 0 (0: a core or a device per rank), got {cores!r}"
+        )
     memory = head.get("memory_bytes", 0)
     if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
         raise ValueError(f"{where} [machine]: memory_bytes must be an int >= 0, got {memory!r}")
@@ -397,7 +418,7 @@ def profile_from_dict(data: Mapping[str, Any], where: str = "machine file") -> M
         name=str(head["name"]), source=source, ranks_per_node=rpn, memory_bytes=memory, compute=compute,
         network=links, asynchronous=asynchronous, overlap=float(overlap), reference=str(head.get("reference", "")), date=str(head.get("date", "")),
         note=str(head.get("note", "")),
-        calibration={k: _links(f"{where} [calibration.{k}]", v) for k, v in calib.items()},
+        calibration={k: _links(f"{where} [calibration.{k}]", v) for k, v in calib.items()}, cores_per_node=cores,
     )  # fmt: skip
 
 

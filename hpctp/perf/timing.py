@@ -7,7 +7,10 @@ bandwidth (all divided by the tensor axis inside tensor-parallel modules), and i
 (:meth:`MachineProfile.level`). A message the layer overlaps with its own computation (halo exchanges, the attention
 ring) costs only what exceeds that computation. The host's own time per step (Python, operator dispatch) is the
 trace's measured meta-device time scaled by the machine's time per kernel; on an asynchronous device it overlaps the
-kernels, elsewhere it adds.
+kernels, elsewhere it adds. Where ranks share cores (:meth:`MachineProfile.sharing` ``k`` ranks per core, a CPU node
+running more ranks than it has cores), the calibrated rates are those of ranks computing at once, and a data group
+with fewer samples (6 samples over 4 groups: 2, 2, 1, 1) lends its cores once done: the busiest rank's computation
+then takes the mean group's time, and at least its own at ``k`` times the rate.
 
 Data parallelism (:class:`hpctp.nn.ShardedDataParallel`): stages 0-1 all-reduce each bucket over the data
 axes and, for replicated parameters of spatially split layers, the spatial ones; stages 2-3 reduce-scatter
@@ -317,6 +320,10 @@ def predict_time(
         host = host_total * m
         device = m * (f + b)
         compute = max(device, host) if asynchronous else device + host
+        k = machine.sharing(cand.ranks)
+        if k > 1 and not asynchronous:  # (ranks sharing cores: a data group with fewer samples lends its cores)
+            mean = work.sample.batch / cand.data / sh.samples  # (the mean group's samples over the busiest's)
+            compute = max(device * mean + host, compute / k)
         for role, t in cm.items():
             comm[role] += m * t
         bubble = 0.0
