@@ -22,7 +22,7 @@ device and materialized by the wrapper) and measures:
   reference's median step over the run: the plan's step at the run's median speed. The two steps of a pair run within
   a fraction of a second, so a machine whose speed drifts for seconds at a time slows both alike (this one's: a fixed
   kernel's best time per second moves 1.2-1.5x on an idle machine, ``benchmarks/machine_drift.py``; the reference's
-  own step moves 1.3-1.4x over a run). Printed too: each plan's **best step** (the shortest over all its steps, the
+  own step moved 1.4-2.4x over a run). Printed too: each plan's **best step** (the shortest over all its steps, the
   measure of the earlier runs), and the reference's spread;
 * **memory** (the measure the predictions are compared with): the live tensors of one more step, torch.profiler's
   allocation events (:class:`hpctp.PeakMemory` ``tensors=True``: what the allocator was asked for, without what it
@@ -173,16 +173,12 @@ class _Built:
 
     def step(self) -> None:
         """Collective over the world. One training step."""
-        from hpctp.nn import global_mse_loss
-
         self.wrapped.zero_grad(set_to_none=True)
         self.opt.zero_grad(set_to_none=True)
         if self.pipelined:
             self.wrapped.step(self.x, self.yd, self._loss, optimizer=self.opt)
             return
-        pred = self.wrapped(self.x)
-        loss = global_mse_loss(pred.local, self.y, self.plan.grid, self.plan.loss_axes)
-        loss.backward()
+        self._loss(self.wrapped(self.x), self.yd).backward()
         self.wrapped.step(self.opt)
 
     def timed(self) -> float:
@@ -253,15 +249,16 @@ def _candidate(spec: dict[str, Any]) -> Any:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Collective over the world. One pass: each plan of ``--plans`` in turn; one JSON line per plan on rank 0 (the
-    launcher runs ``--cycles`` such jobs and keeps each plan's best)."""
+    """Collective over the world. One pass: each plan of ``--plans`` in turn, each timed step followed by one of the
+    ``--reference`` plan; one JSON line per plan on rank 0 (the launcher runs ``--cycles`` such jobs and keeps each
+    plan's median ratio to the reference, and its best step)."""
     import torch
     from mpi4py import MPI
 
     torch.set_num_threads(1)
     cfg = _config(args, args.model)
     reference = None
-    if args.reference:  # (built first, kept throughout, warmed up beside each plan's first steps)
+    if args.reference:  # (built first, warmed up, kept throughout)
         reference = _Built(cfg, _candidate(json.loads(args.reference)))
         for _ in range(2):
             reference.step()

@@ -876,7 +876,7 @@ def test_predicted_peak_memory_is_within_15_percent_of_a_measured_step() -> None
 
 
 def test_the_benchmark_measures_its_own_repeatability() -> None:
-    """benchmarks/planner.py compares each pass with the best of the others: passes that agree rank as one (1, and
+    """benchmarks/planner.py compares each pass with the median of the others: passes that agree rank as one (1, and
     no gap); passes in opposite orders rank as -1, and each pass's fastest plan is the others' slowest (3 against 1)."""
     bench = _planner_benchmark()
     assert bench.repeatability([[1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [1.2, 2.2, 3.2]]) == (1.0, 0.0)
