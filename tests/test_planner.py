@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -572,6 +573,22 @@ def test_ranks_sharing_cores_lend_them_to_the_data_groups_with_more_samples(vit_
     assert device > 0 and b.compute == pytest.approx(max(device * 2 / 3 + host, a.compute / 3), rel=1e-12)
     assert b.compute < a.compute and b.total - b.compute == pytest.approx(a.total - a.compute, rel=1e-12)
     assert time_of(shared, even) == time_of(alone, even)
+
+
+def test_the_host_work_is_counted_in_small_operators_timed_beside_it(vit_work: Any, monkeypatch: Any) -> None:
+    """The trace counts a step's host work in small operators timed just before each step, so a machine three times
+    slower (here: a clock three times fast) counts the same work, where seconds would read three times as many; the
+    planner prices each count at the machine's seconds per kernel."""
+    cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["train.batch_size=8", "surrogate.heads=4"])
+    inputs = autoplan.planning_inputs(cfg)
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: 3.0 * real())
+    slow = trace(inputs["builder"], inputs["sample"])
+    monkeypatch.undo()
+    for zero in range(4):
+        here, there = np.array(vit_work.host[(False, zero)]), np.array(slow.host[(False, zero)])
+        assert here[0] > 100 and here[1] > 100, here  # (a step of this ViT: about 1500 operators' worth)
+        assert np.all(there < 1.6 * here) and np.all(there > here / 1.6), (zero, here, there)
 
 
 def test_grids_cover_every_factorisation_within_limits(vit_work: Any) -> None:

@@ -31,7 +31,7 @@ import torch
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
 from .machine import COMPUTE_KEYS, KINDS, ComputeRates, Link, MachineProfile
-from .workload import fft_flops
+from .workload import fft_flops, small_operators_seconds
 
 __all__ = ["calibrate", "host_op_seconds", "SIZES", "REPEATS", "HOST_OPS", "ELEMENTWISE_NUMEL", "ATTENTION_HEAD_DIMS"]
 
@@ -143,25 +143,16 @@ cores contend during it."""
 
 
 def host_op_seconds(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int = REPEATS) -> float:
-    """Collective over ``comm`` (local for ``comm=None``). Seconds per small operator on the host, all ranks at once
-    (the slowest rank's), or in this process alone: what the trace's measured host time scales by."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    tiny = torch.zeros(8, dtype=dtype, device=device)
+    """Collective over ``comm`` (local for ``comm=None``). Seconds per small operator on the host
+    (:func:`hpctp.perf.workload.small_operators_seconds`), all ranks at once (the slowest rank's), or in this process
+    alone: the machine's seconds per kernel, the unit of a traced model's host work."""
 
     def many() -> None:
-        t = tiny
-        for _ in range(HOST_OPS):
-            t = t + 1.0
-        sync()
+        small_operators_seconds(HOST_OPS, device, dtype)
 
     many()
     if comm is None:
-        best = math.inf
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            many()
-            best = min(best, time.perf_counter() - t0)
-        return best / HOST_OPS
+        return min(small_operators_seconds(HOST_OPS, device, dtype) for _ in range(repeats)) / HOST_OPS
     return sum(C.slowest_seconds(comm, many) for _ in range(repeats)) / repeats / HOST_OPS
 
 

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from ..nn.pipeline_parallel import SCHEDULES
-from .calibration import host_op_seconds
 from .machine import MachineProfile, load_machine
 from .model import Prediction
 from .search import candidates, evaluate, limits
@@ -214,8 +213,7 @@ def plan(
             f"tensor ranks and {lim.pipeline} pipeline stages (its layers); use a rank count that factors into "
             f"these (at most {lim.ranks}), or a larger batch or field"
         )
-    here = host_op_seconds(None, torch.device("cpu"), torch.float32, 3)
-    host_scale = prof.rates(work.sample.dtype).kernel / here
+    host_scale = prof.rates(work.sample.dtype).kernel  # (the trace counts the host's work in small operators)
     preds = evaluate(work, cands, prof, budget, host_scale=host_scale, asynchronous=prof.asynchronous)
     ranked = sorted((p for p in preds if p.fits), key=lambda p: (p.time.total, p.memory.total))
     infeasible = sorted((p for p in preds if not p.fits), key=lambda p: p.memory.total)

@@ -6,7 +6,7 @@ bandwidth (all divided by the tensor axis inside tensor-parallel modules), and i
 (:func:`hpctp.perf.layers.layer_messages`), each at the latency and bandwidth of the link its communicator crosses
 (:meth:`MachineProfile.level`). A message the layer overlaps with its own computation (halo exchanges, the attention
 ring) costs only what exceeds that computation. The host's own time per step (Python, operator dispatch) is the
-trace's measured meta-device time scaled by the machine's time per kernel; on an asynchronous device it overlaps the
+trace's count of it, in small operators, times the machine's seconds per kernel; on an asynchronous device it overlaps the
 kernels, elsewhere it adds. Where ranks share cores (:meth:`MachineProfile.sharing` ``k`` ranks per core, a CPU node
 running more ranks than it has cores), the calibrated rates are those of ranks computing at once, and a data group
 with fewer samples (6 samples over 4 groups: 2, 2, 1, 1) lends its cores once done: the busiest rank's computation
@@ -281,7 +281,8 @@ def predict_time(
     costs : dict
         ``fqn -> LayerCost`` per micro-batch (:func:`layer_cost`) of every module that ran.
     host_scale : float
-        Seconds of host time on the machine per second of the host time the trace measured here.
+        The machine's seconds per kernel: the trace counts the host's work in small operators
+        (:attr:`hpctp.perf.workload.Workload.host`).
     asynchronous : bool
         Kernels run asynchronously to the host (GPUs): host time overlaps them.
 

@@ -59,6 +59,8 @@ __all__ = [
     "CATEGORIES",
     "GRADS",
     "HOST_PROBE_BYTES",
+    "HOST_STEPS",
+    "HOST_UNIT_OPS",
     "OUTPUTS",
     "OUTSIDE",
     "PROBE_POINTS",
@@ -76,6 +78,7 @@ __all__ = [
     "Workload",
     "default_layers",
     "fft_flops",
+    "small_operators_seconds",
     "trace",
 ]
 
@@ -370,10 +373,11 @@ class Workload:
     tensor_capable : bool
         Whether the builder accepted a tensor axis and split some parameter over it.
     host : dict
-        ``{(recompute, zero stage): (forward, backward, step)}`` wall seconds of the host's own work (a real
-        training step of one sample of a small field on one rank, one thread, here; :func:`hpctp.perf.plan`
-        scales it to the machine); empty for models too large to run here (their host time is then their
-        kernel launches and the optimizer's memory traffic).
+        ``{(recompute, zero stage): (forward, backward, step)}``: the host's own work (a real training step of one
+        sample of a small field on one rank, one thread, here), counted in small operators
+        (:func:`small_operators_seconds`); times the machine's seconds per kernel, the host time of a step there.
+        Empty for models too large to run here (their host time is then their kernel launches and the optimizer's
+        memory traffic).
     model : torch.nn.Module
         The traced model (on ``meta``; its modules carry the hyperparameters the message models read).
     entering : dict
@@ -1063,7 +1067,7 @@ def _trace(
                 for _ in range(2):  # (a first pass builds the DFT matrices of each probe's shape: cached constants)
                     sruns = [_run_probe(m, plan, sample, b, f, tensor_layers, tensor_dims) for b, f in probes]
                 split_traces[rc] = _fit_trace(sruns, bs, ps, unit_named, free)
-    host = _host_seconds(builder, plan, sample, f0, recompute)
+    host = _host_operations(builder, plan, sample, f0, recompute)
     order = {fqn: i for i, fqn in enumerate(runs[0].order)}
     layers = variants[False]
     infos = []
@@ -1196,15 +1200,51 @@ def _coarse(r: _Run) -> _Run:
                 r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.leaving)  # fmt: skip
 
 
-def _host_seconds(
+HOST_UNIT_OPS = 500
+"""Small operators timed before each step of :func:`trace`'s host measure: the unit its host time is counted in."""
+HOST_STEPS = 5
+"""Timed steps per setting of that measure (after one warm-up step); each part's median count of operators."""
+
+
+def small_operators_seconds(
+    count: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> float:
+    """Local. Wall seconds of ``count`` small operators in a row on ``device`` (an 8-element add each, the device
+    synchronized at the end): the host's own cost of launching one, in Python, dispatch and the allocator.
+
+    Parameters
+    ----------
+    count : int
+    device : torch.device, optional
+        Default the CPU.
+    dtype : torch.dtype
+
+    Returns
+    -------
+    float
+    """
+    dev = device or torch.device("cpu")
+    t = torch.zeros(8, dtype=dtype, device=dev)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        t = t + 1.0
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+def _host_operations(
     builder: Builder, plan: ParallelPlan, sample: Sample, f0: tuple[int, ...],
     recompute: Callable[[torch.nn.Module], Any] | None | bool,
 ) -> dict[tuple[bool, int], tuple[float, float, float]]:  # fmt: skip
-    """Wall seconds of a real training step of one sample of the probe field on this CPU, one thread, per
-    recomputation and ZeRO stage (:class:`hpctp.nn.ShardedDataParallel` on one rank: its hooks, gathers and frees,
-    no messages): forward, backward, and the step after them (the wrapper's and Adam's, on the whole parameters).
-    The host's own work (Python, operator dispatch, the optimizer), the computation of so small a field being
-    negligible. Empty when the model's parameters exceed :data:`HOST_PROBE_BYTES`."""
+    """The host's own work (Python, operator dispatch, the optimizer) in a real training step of one sample of the
+    probe field on this CPU, one thread, per recomputation and ZeRO stage (:class:`hpctp.nn.ShardedDataParallel` on
+    one rank: its hooks, gathers and frees, no messages): forward, backward, and the step after them (the wrapper's
+    and Adam's, on the whole parameters), the computation of so small a field being negligible. Each part is counted
+    in small operators (:func:`small_operators_seconds`), timed just before each step: a count does not move with
+    this machine's speed, which drifts for seconds at a time (1.2-1.5x here) between the steps and the moment the
+    planner reads it; the median of :data:`HOST_STEPS` steps. Empty when the model's parameters exceed
+    :data:`HOST_PROBE_BYTES`."""
     from ..nn import ShardedDataParallel
 
     out: dict[tuple[bool, int], tuple[float, float, float]] = {}
@@ -1230,8 +1270,9 @@ def _host_seconds(
                 grid = plan.model_grid
                 shape = (1, sample.shape[1], *f0)
                 layout = Layout(shape, grid.dims, (None, None, *plan.spatial))
-                best = [math.inf] * 3
-                for _ in range(4):
+                counts: list[tuple[float, float, float]] = []
+                for _ in range(1 + HOST_STEPS):
+                    unit = small_operators_seconds(HOST_UNIT_OPS) / HOST_UNIT_OPS
                     x = DistTensor(torch.zeros(shape, dtype=sample.torch_dtype), grid, layout)
                     t0 = time.perf_counter()
                     out_ = sdp(x)
@@ -1243,8 +1284,9 @@ def _host_seconds(
                     sdp.step(opt)
                     sdp.zero_grad(set_to_none=True)
                     t3 = time.perf_counter()
-                    best = [min(b, t) for b, t in zip(best, (t1 - t0, t2 - t1, t3 - t2))]
-                out[(rc, zero)] = (best[0], best[1], best[2])
+                    counts.append(((t1 - t0) / unit, (t2 - t1) / unit, (t3 - t2) / unit))
+                f, b, s = (float(np.median([c[i] for c in counts[1:]])) for i in range(3))
+                out[(rc, zero)] = (f, b, s)
             # (stages 1 and 2 run the same host code: each gradient copied into its bucket's flat buffer, one
             # message per bucket, a slice stepped; on one rank their times differ by noise alone, which would
             # otherwise decide between two plans whose messages differ)
