@@ -125,7 +125,7 @@ class _Built:
     """Collective over the world. A plan built (the model on the meta device, materialized by its wrapper), with its
     batch, Adam and one training step; :meth:`step` runs it, :meth:`free` lets its communicators go."""
 
-    def __init__(self, cfg: dict[str, Any], cand: Any) -> None:
+    def __init__(self, cfg: dict[str, Any], cand: Any, cuts: Any = None) -> None:
         import torch
         from mpi4py import MPI
 
@@ -151,7 +151,8 @@ class _Built:
         self.wrapped: Any
         if pipe:  # (stages cut by PipelineParallel's default: parameter counts)
             self.wrapped = PipelineParallel(self.model, plan, schedule=cand.schedule, microbatches=cand.microbatches,
-                                            virtual=cand.chunks, zero=cand.zero or None, seed=0)  # fmt: skip
+                                            virtual=cand.chunks, zero=cand.zero or None, seed=0,
+                                            cuts=cuts or None)  # fmt: skip
         else:
             self.wrapped = ShardedDataParallel(self.model, plan, stage=cand.zero, seed=0)
         self.opt = torch.optim.Adam(self.wrapped.parameters(), lr=1e-4)
@@ -194,7 +195,7 @@ class _Built:
 
 
 def _run_plan(
-    cfg: dict[str, Any], cand: Any, steps: int, memory: bool, reference: _Built | None = None
+    cfg: dict[str, Any], cand: Any, steps: int, memory: bool, reference: _Built | None = None, cuts: Any = None
 ) -> dict[str, Any]:
     """Collective over the world. Train ``cand`` for ``steps`` steps; its best time and (``memory``) its peaks.
 
@@ -210,7 +211,7 @@ def _run_plan(
 
     before = resident_bytes()
     with hpctp.PeakMemory(baseline=before) as resident:
-        built = _Built(cfg, cand)
+        built = _Built(cfg, cand, cuts)
         for _ in range(2):
             built.step()
     times, cpus, refs = [], [], []  # (timed without the resident set's sampling thread: it costs every step 10-25%)
@@ -259,11 +260,13 @@ def worker(args: argparse.Namespace) -> None:
     cfg = _config(args, args.model)
     reference = None
     if args.reference:  # (built first, warmed up, kept throughout)
-        reference = _Built(cfg, _candidate(json.loads(args.reference)))
+        ref = json.loads(args.reference)
+        reference = _Built(cfg, _candidate(ref), ref.get("cuts"))
         for _ in range(2):
             reference.step()
     for spec in json.loads(args.plans):
-        row = _run_plan(cfg, _candidate(spec), args.steps, memory=args.memory, reference=reference)
+        row = _run_plan(cfg, _candidate(spec), args.steps, memory=args.memory, reference=reference,
+                        cuts=spec.get("cuts"))  # fmt: skip
         gc.collect()  # (the wrapper's hooks make cycles: free each plan's tensors before the next)
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(row), flush=True)
@@ -336,8 +339,11 @@ def _median_profile(runs: list[Any]) -> Any:
                                note=f"{runs[0].note}; each figure the median of {len(runs)} calibrations")  # fmt: skip
 
 
-def _spec(c: Any) -> dict[str, Any]:
+def _spec(p: Any) -> dict[str, Any]:
+    """A prediction's plan as the worker takes it, with the pipeline's stage cuts the prediction assumed."""
+    c = p.candidate
     return {
+        "cuts": list(p.cuts),
         "data": c.data,
         "spatial": list(c.spatial),
         "tensor": c.tensor,
@@ -383,8 +389,8 @@ def run_model(args: argparse.Namespace, n: int, model: str, machine: str) -> dic
         k = cycle * len(todo) // args.cycles
         order = todo[k:] + todo[:k]
         out = _mpiexec(n, [str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--steps={args.steps}",
-                           f"--plans={json.dumps([_spec(p.candidate) for p in order])}",
-                           f"--reference={json.dumps(_spec(runnable[0].candidate))}",
+                           f"--plans={json.dumps([_spec(p) for p in order])}",
+                           f"--reference={json.dumps(_spec(runnable[0]))}",
                            *[f"--set={s}" for s in args.set], f"--wide-width={args.wide_width}",
                            *(["--no-memory"] if cycle else [])])  # fmt: skip
         for line in out.splitlines():

@@ -375,6 +375,41 @@ def _fourier_chain(plan: ParallelPlan) -> torch.nn.Sequential:
                                SpectralConv2d(6, 6, 5, grid=g, seed=2), Conv2d(6, 2, 1, grid=g, seed=3))  # fmt: skip
 
 
+def _chain_with_a_free_layer(plan: ParallelPlan) -> torch.nn.Sequential:
+    """3x3 convolutions (few parameters, most of the flops), then Fourier layers (most of the parameters); a layer
+    without parameters after the first (not a unit: the pipeline cuts around it)."""
+    g = plan.model_grid
+    return torch.nn.Sequential(Conv2d(2, 8, 3, padding=1, grid=g, seed=0), torch.nn.Identity(),
+                               Conv2d(8, 8, 3, padding=1, grid=g, seed=1), SpectralConv2d(8, 8, 5, grid=g, seed=2),
+                               SpectralConv2d(8, 8, 5, grid=g, seed=3), Conv2d(8, 2, 1, grid=g, seed=4))  # fmt: skip
+
+
+def test_a_pipeline_plan_carries_the_stage_cuts_it_was_predicted_with(vit_work: Any) -> None:
+    """Each pipeline prediction names its stages as cuts of the model's children (``Prediction.cuts``, what
+    ``PipelineParallel(cuts=...)`` takes): the units each stage was costed with, a layer without parameters going
+    with the unit before it. The runtime must be given them: its default, balanced parameter counts, cuts a model
+    whose parameters and flops lie apart elsewhere."""
+    from hpctp.nn.pipeline_parallel import balanced_cuts
+    from hpctp.perf.timing import chain_cuts, stage_cuts
+
+    work = trace(_chain_with_a_free_layer, Sample((4, 2, 16, 16), "float32"))
+    children = [name for name, _ in work.model.named_children()]
+    assert [u.fqn for u in work.units[1:]] == ["0", "2", "3", "4", "5"]
+    for parts in (2, 3, 4):
+        units, cuts = stage_cuts(work, parts), chain_cuts(work, parts)
+        assert len(cuts) == parts + 1 and cuts[0] == 0 and cuts[-1] == len(children)
+        for s in range(parts):
+            costed = [u.fqn for u in work.units[1 + units[s] : 1 + units[s + 1]]]
+            held = [n for n in children[cuts[s] : cuts[s + 1]] if n != "1"]
+            assert held == costed, (parts, s, units, cuts)
+    report = plan(vit_work, ranks=4, memory="64GiB", machine="h100-ndr")
+    piped = [p for p in report.ranked if p.candidate.pipeline > 1]
+    assert piped and all(p.cuts == chain_cuts(vit_work, p.candidate.pipeline * p.candidate.chunks) for p in piped)
+    assert all(p.cuts == () for p in report.ranked if p.candidate.pipeline == 1)
+    params = [1.0 + sum(q.numel() * q.element_size() for q in c.parameters()) for c in work.model.children()]
+    assert chain_cuts(work, 2) != balanced_cuts(params, 2)
+
+
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("model", ["vit", "fourier"])
@@ -575,20 +610,23 @@ def test_ranks_sharing_cores_lend_them_to_the_data_groups_with_more_samples(vit_
     assert time_of(shared, even) == time_of(alone, even)
 
 
-def test_the_host_work_is_counted_in_small_operators_timed_beside_it(vit_work: Any, monkeypatch: Any) -> None:
-    """The trace counts a step's host work in small operators timed just before each step, so a machine three times
-    slower (here: a clock three times fast) counts the same work, where seconds would read three times as many; the
-    planner prices each count at the machine's seconds per kernel."""
+def test_the_host_work_is_counted_in_small_operators_timed_beside_it(monkeypatch: Any) -> None:
+    """The trace counts a step's host work in small operators timed just before each step, in this thread's CPU
+    time, so a machine three times slower (here: a CPU clock three times fast) counts about the same work, where
+    seconds would read three times as many (the planner prices each count at the machine's seconds per kernel), and
+    processes sharing the cores do not move it. Compared as each setting's whole step (its forward, backward and
+    optimizer step), within 1.5x (beside two processes computing: 1.0-1.1x)."""
     cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["train.batch_size=8", "surrogate.heads=4"])
     inputs = autoplan.planning_inputs(cfg)
-    real = time.perf_counter
-    monkeypatch.setattr(time, "perf_counter", lambda: 3.0 * real())
+    plain = trace(inputs["builder"], inputs["sample"])
+    real = time.thread_time
+    monkeypatch.setattr(time, "thread_time", lambda: 3.0 * real())
     slow = trace(inputs["builder"], inputs["sample"])
     monkeypatch.undo()
     for zero in range(4):
-        here, there = np.array(vit_work.host[(False, zero)]), np.array(slow.host[(False, zero)])
-        assert here[0] > 100 and here[1] > 100, here  # (a step of this ViT: about 1500 operators' worth)
-        assert np.all(there < 1.6 * here) and np.all(there > here / 1.6), (zero, here, there)
+        here, there = sum(plain.host[(False, zero)]), sum(slow.host[(False, zero)])
+        assert here > 300, plain.host  # (a step of this ViT: about 3,500 operators' worth)
+        assert here / 1.5 < there < 1.5 * here, (zero, plain.host[(False, zero)], slow.host[(False, zero)])
 
 
 def test_grids_cover_every_factorisation_within_limits(vit_work: Any) -> None:
@@ -995,12 +1033,15 @@ def test_train_plan_auto_dry_run(tmp_path: Path, capfd: Any) -> None:
         )
         cfg = load_config(str(ROOT / f"apps/configs/{config}.toml"), [s.replace("'", '"') for s in sets])
         grid = hpctp.ProcessGrid((size,))
-        chosen, table = autoplan.choose(cfg, grid, logging.getLogger("test"))
+        chosen, cuts, table = autoplan.choose(cfg, grid, logging.getLogger("test"))
         label = chosen.label()
-        labels = WORLD.allgather(label)
-        assert_all(grid, len(set(labels)) == 1 and chosen.ranks == size, f"{labels}")
+        labels = WORLD.allgather((label, cuts))
+        assert_all(grid, len({str(x) for x in labels}) == 1 and chosen.ranks == size, f"{labels}")
         assert_all(grid, grid.rank != 0 or label in table, f"{label} is not the table's:\n{table}")
-        applied = autoplan.apply(cfg, chosen)["train"]
+        stages = chosen.pipeline * chosen.chunks
+        assert_all(grid, len(cuts) == (stages + 1 if chosen.pipeline > 1 else 0), f"{label}: cuts {cuts}")
+        applied = autoplan.apply(cfg, chosen, cuts)["train"]
+        assert_all(grid, applied["cuts"] == cuts, f"{applied}")
         keys = (applied["data"], applied["tensor"], applied["zero"], applied["pipeline"])
         assert_all(grid, keys == (chosen.data, chosen.tensor, chosen.zero, chosen.pipeline), f"{applied}")
         if chosen.pipeline > 1:

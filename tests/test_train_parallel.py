@@ -87,6 +87,8 @@ def test_setup_rejects_bad_keys() -> None:
         ("pipeline", 0, "positive"),
         ("schedule", "2f2b", "schedule"),
         ("microbatches", 0, "positive"),
+        ("cuts", [0, "2", 5], "list of ints"),
+        ("cuts", [0, 2, 5], "set train.pipeline > 1"),
     ):
         bad = {**cfg, "train": {**cfg["train"], key: value}}
         with pytest.raises(ValueError, match=match):
@@ -144,7 +146,7 @@ def test_bf16_training_follows_float32(snapshots) -> None:  # type: ignore[no-un
 
 def _pipelines(size: int) -> list[tuple[str, dict[str, object]]]:
     """(model, train keys) of the pipelines this rank count allows: U-Net and ViT cut into 2 or 3 stages, with data
-    groups and ZeRO per stage, a tensor axis (ViT), every schedule."""
+    groups and ZeRO per stage, a tensor axis (ViT), every schedule, stages cut where ``train.cuts`` says."""
     out: list[tuple[str, dict[str, object]]] = []
     if size % 2 == 0:
         out += [
@@ -155,7 +157,10 @@ def _pipelines(size: int) -> list[tuple[str, dict[str, object]]]:
     if size % 4 == 0:
         out += [("vit", {"pipeline": 2, "schedule": "1f1b", "tensor": 2, "data": size // 4, "zero": 1})]
     if size % 3 == 0:
-        out += [("unet", {"pipeline": 3, "schedule": "gpipe"}), ("vit", {"pipeline": 3, "schedule": "zero_bubble"})]
+        out += [
+            ("unet", {"pipeline": 3, "schedule": "gpipe"}),
+            ("vit", {"pipeline": 3, "schedule": "zero_bubble", "cuts": [0, 1, 3, 5]}),
+        ]
     return out
 
 

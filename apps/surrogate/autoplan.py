@@ -164,11 +164,14 @@ def _budget(cfg: dict[str, Any], machine: hpctp.perf.MachineProfile) -> int:
     raise ValueError("train.plan = 'auto' needs a memory budget: set train.memory (e.g. '16GiB')")
 
 
-def choose(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any) -> tuple[hpctp.perf.Candidate, str]:
+def choose(
+    cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any
+) -> tuple[hpctp.perf.Candidate, list[int], str]:  # fmt: skip
     """Collective over grid. The fastest plan of ``grid.size`` ranks that fits ``train.memory`` per rank on
     ``train.machine`` (a machine file or a published profile's name; empty: calibrated here, now), pipelines
     included for the models built as chains (:data:`~apps.surrogate.parallel.CHAINS`); computed on rank 0 and
-    broadcast. Returns it and the planner's table.
+    broadcast. Returns it, its pipeline's stage cuts (the ones the planner predicted; empty without a pipeline)
+    and the planner's table.
 
     Raises
     ------
@@ -183,6 +186,7 @@ def choose(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any) -> tuple[hpct
     nsp = len(cfg["simulation"]["size"])
     words = 8 + nsp
     choice = [0] * words
+    cuts: list[int] = []
     table = ""
     error: Exception | None = None
     if grid.rank == 0:
@@ -195,6 +199,7 @@ def choose(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any) -> tuple[hpct
             which = SCHEDULES.index(b.schedule) + 1 if b.schedule else 0
             choice = [b.data, b.tensor, b.zero, int(b.recompute), b.pipeline, which, b.microbatches, b.chunks,
                       *b.spatial]  # fmt: skip
+            cuts = list(report.best.cuts)
             table = report.table(top=5)
         except ValueError as e:
             error = e
@@ -202,14 +207,20 @@ def choose(cfg: dict[str, Any], grid: hpctp.ProcessGrid, log: Any) -> tuple[hpct
     got = [int(v) for v in hpctp.comm.bcast_ints(grid.comm, choice if grid.rank == 0 else None, words)]
     schedule = SCHEDULES[got[5] - 1] if got[5] else ""
     cand = hpctp.perf.Candidate(got[0], tuple(got[8:]), got[1], got[4], got[2], bool(got[3]), schedule, got[6], got[7])
-    return cand, table
+    count = cand.pipeline * cand.chunks + 1 if cand.pipeline > 1 else 0
+    sent = cuts if grid.rank == 0 and len(cuts) == count else [0] * count
+    got_cuts = (
+        [int(v) for v in hpctp.comm.bcast_ints(grid.comm, sent if grid.rank == 0 else None, count)] if count else []
+    )
+    return cand, [] if not any(got_cuts) else got_cuts, table
 
 
-def apply(cfg: dict[str, Any], cand: hpctp.perf.Candidate) -> dict[str, Any]:
-    """Local. A copy of ``cfg`` whose parallelism keys are ``cand``'s."""
+def apply(cfg: dict[str, Any], cand: hpctp.perf.Candidate, cuts: list[int] | None = None) -> dict[str, Any]:
+    """Local. A copy of ``cfg`` whose parallelism keys are ``cand``'s, and ``train.cuts`` its pipeline's ``cuts``
+    (empty or None: the runtime's default)."""
     out = copy.deepcopy(cfg)
     out["train"].update(data=cand.data, tensor=cand.tensor, zero=cand.zero, checkpoint_activations=cand.recompute,
-                        pipeline=cand.pipeline)  # fmt: skip
+                        pipeline=cand.pipeline, cuts=list(cuts or []) if cand.pipeline > 1 else [])  # fmt: skip
     if cand.pipeline > 1:
         out["train"].update(schedule=cand.schedule, microbatches=cand.microbatches, virtual=cand.chunks)
     out["simulation"]["grid"] = list(cand.spatial)

@@ -12,7 +12,9 @@ Config keys (``[train]``, all optional):
   materializes only its stages.
 * ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubble"``; default ``"1f1b"``),
   ``microbatches`` (default ``2 x pipeline``) and ``virtual`` (stages per rank, default 2 for
-  ``"interleaved"``, else 1): the pipeline's schedule.
+  ``"interleaved"``, else 1): the pipeline's schedule; ``cuts`` (``pipeline x virtual + 1`` increasing layer
+  indices from 0 to the model's layer count; default ``[]``: stages of balanced parameter counts): where the stages
+  cut the model's layers (``plan = "auto"`` sets the planner's, balanced by flops).
 * ``precision`` (``"fp32"`` or ``"bf16"``): bf16 runs the forward under ``torch.autocast`` (float32
   parameters and optimizer state; ``surrogate.dtype`` must then be float32).
 * ``checkpoint_activations`` (bool): recompute each layer's activations in backward.
@@ -65,6 +67,11 @@ class TrainingSetup:
         self.schedule = t.get("schedule", "1f1b")
         self.microbatches = t.get("microbatches", 2 * self.pipeline if isinstance(self.pipeline, int) else 1)
         self.virtual = t.get("virtual", 2 if self.schedule == "interleaved" else 1)
+        self.cuts = t.get("cuts", [])
+        if not isinstance(self.cuts, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) for c in self.cuts
+        ):
+            raise ValueError(f"train.cuts must be a list of ints (layer indices), got {self.cuts!r}")
         for name, value in (("data", self.data), ("tensor", self.tensor), ("pipeline", self.pipeline),
                             ("microbatches", self.microbatches), ("virtual", self.virtual)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -93,6 +100,10 @@ class TrainingSetup:
             raise ValueError(
                 f"train.pipeline = {self.pipeline} cuts a chain of layers into stages; the {s['model']!r} model is not "
                 f"one: use surrogate.model in {CHAINS}, or train.pipeline = 1"
+            )
+        if self.cuts and self.pipeline == 1:
+            raise ValueError(
+                f"train.cuts = {self.cuts} cuts pipeline stages: set train.pipeline > 1, or train.cuts = []"
             )
         if self.pipeline > 1 and float(t.get("spectral_weight", 0.0)):
             raise ValueError("train.spectral_weight needs train.pipeline = 1 (its loss term is not a per-sample mean)")

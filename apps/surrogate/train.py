@@ -174,9 +174,9 @@ def train(
     if TrainingSetup(cfg).plan == "auto":
         from .autoplan import apply, choose
 
-        chosen, table = choose(cfg, grid, log)
+        chosen, cuts, table = choose(cfg, grid, log)
         log.info("train.plan = auto on %d ranks: %s\n%s", grid.size, chosen.label(), table)
-        cfg = apply(cfg, chosen)
+        cfg = apply(cfg, chosen, cuts)
     if dry_run:
         t = cfg["train"]
         pipe = (
@@ -217,13 +217,18 @@ def train(
     if setup.pipelined:
         wrapped = PipelineParallel(
             cast(torch.nn.Sequential, model), plan, schedule=setup.schedule, microbatches=setup.microbatches, virtual=setup.virtual,
-            zero=setup.zero or None, seed=seed,
+            zero=setup.zero or None, seed=seed, cuts=setup.cuts or None,
         )  # fmt: skip
         sched = wrapped.schedule
+        how = (
+            "as train.cuts gives"
+            if setup.cuts
+            else "by parameter count: "
+            + "; ".join(f"stage {s}: {a}:{b} ({share:.0%})" for s, a, b, share, *_ in wrapped.balance)
+        )
         log.info(
             "pipeline: %d stages on %d ranks (%s, %d micro-batches, bubble %.2f by the schedule's formula), cut at %s "
-            "by parameter count: %s", sched.n_stages, sched.p, sched.name, sched.m, sched.simulate().bubble_fraction,
-            list(wrapped.cuts), "; ".join(f"stage {s}: {a}:{b} ({share:.0%})" for s, a, b, share, *_ in wrapped.balance),
+            "%s", sched.n_stages, sched.p, sched.name, sched.m, sched.simulate().bubble_fraction, list(wrapped.cuts), how,
         )  # fmt: skip
         log.info(
             "model built on the meta device: each rank materialized only its stages (%.3g of %.3g MiB of parameters "

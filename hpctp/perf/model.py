@@ -184,6 +184,11 @@ class Prediction:
         Peak memory within the budget.
     reason : str
         Why it does not fit (empty when it does).
+    cuts : tuple of int
+        A pipeline plan's stage cuts over the model's children, the stages its prediction assumes
+        (:func:`hpctp.perf.timing.chain_cuts`, balanced by flops): give them to
+        ``hpctp.nn.PipelineParallel(cuts=...)``, whose default balances parameter counts instead. Empty for plans
+        without a pipeline.
     """
 
     candidate: Candidate
@@ -191,6 +196,7 @@ class Prediction:
     time: TimeBreakdown
     fits: bool = True
     reason: str = ""
+    cuts: tuple[int, ...] = ()
 
     @property
     def bottleneck(self) -> str:

@@ -111,6 +111,9 @@ class PlanReport:
         ]
         for i, p in enumerate(self.ranked[:top]):
             lines.append(_row(i + 1, p))
+        if self.ranked and self.best.cuts:
+            lines.append(f"plan 1's pipeline stages cut the model's layers at {list(self.best.cuts)} (balanced flops): "
+                         "give them to PipelineParallel(cuts=...)")  # fmt: skip
         if self.infeasible and infeasible:
             lines += ["", "closest plans that do not fit:"]
             for p in self.infeasible[:infeasible]:

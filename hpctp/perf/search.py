@@ -29,7 +29,7 @@ from ..nn.pipeline_parallel import RECEIVE_AHEAD, SCHEDULES, ActionKind, pipelin
 from .machine import MachineProfile
 from .memory import predict_memory, shares
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
-from .timing import LayerCost, held_buffers, layer_cost, point_free_share, predict_time, stage_cuts
+from .timing import LayerCost, chain_cuts, held_buffers, layer_cost, point_free_share, predict_time, stage_cuts
 from .workload import LayerInfo, Trace, Workload
 
 __all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of", "spearman"]
@@ -466,7 +466,8 @@ def evaluate(
             costs[fqn] = priced[sig]
         for c in fitting:
             t, _, _ = predict_time(work, c, sh, machine, costs, host_scale, asynchronous)
-            out.append(Prediction(c, mems[c], t, True, ""))
+            cuts = chain_cuts(work, c.pipeline * c.chunks) if c.pipeline > 1 else ()
+            out.append(Prediction(c, mems[c], t, True, "", cuts))
     return out
 
 

@@ -45,6 +45,7 @@ from .workload import OUTSIDE, LayerInfo, Workload
 __all__ = [
     "OPTIMIZER_KERNELS",
     "LayerCost",
+    "chain_cuts",
     "data_messages",
     "held_buffers",
     "layer_cost",
@@ -239,6 +240,31 @@ def stage_cuts(work: Workload, parts: int) -> tuple[int, ...]:
             costs.append(c + 1e-9)
         work.cache[key] = balanced_cuts(costs, parts)
     return work.cache[key]  # type: ignore[no-any-return]
+
+
+def chain_cuts(work: Workload, parts: int) -> tuple[int, ...]:
+    """Local. :func:`stage_cuts` as indices into the model's children, the chain :class:`hpctp.nn.PipelineParallel`
+    cuts (a child without parameters goes with the unit before it); empty where the units are not the model's
+    children (units nested deeper, which the runtime cannot cut at).
+
+    Parameters
+    ----------
+    work : Workload
+    parts : int
+        Pipeline stages (pipeline ranks x stages per rank).
+
+    Returns
+    -------
+    tuple of int
+        ``parts + 1`` increasing indices from 0 to the number of children, or ``()``.
+    """
+    names = [name for name, _ in work.model.named_children()]
+    index = {name: i for i, name in enumerate(names)}
+    fqns = [u.fqn for u in work.units[1:]]
+    if not fqns or not all(f in index for f in fqns):
+        return ()
+    cuts = stage_cuts(work, parts)
+    return (0, *(index[fqns[c]] for c in cuts[1:-1]), len(names))
 
 
 def _simulate(

@@ -1207,9 +1207,10 @@ HOST_STEPS = 5
 
 
 def small_operators_seconds(
-    count: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
-) -> float:
-    """Local. Wall seconds of ``count`` small operators in a row on ``device`` (an 8-element add each, the device
+    count: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:  # fmt: skip
+    """Local. Seconds of ``count`` small operators in a row on ``device`` (an 8-element add each, the device
     synchronized at the end): the host's own cost of launching one, in Python, dispatch and the allocator.
 
     Parameters
@@ -1218,6 +1219,8 @@ def small_operators_seconds(
     device : torch.device, optional
         Default the CPU.
     dtype : torch.dtype
+    clock : callable
+        The clock read before and after: wall time (default), or ``time.thread_time`` for this thread's CPU time.
 
     Returns
     -------
@@ -1225,12 +1228,12 @@ def small_operators_seconds(
     """
     dev = device or torch.device("cpu")
     t = torch.zeros(8, dtype=dtype, device=dev)
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(count):
         t = t + 1.0
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def _host_operations(
@@ -1243,7 +1246,8 @@ def _host_operations(
     and Adam's, on the whole parameters), the computation of so small a field being negligible. Each part is counted
     in small operators (:func:`small_operators_seconds`), timed just before each step: a count does not move with
     this machine's speed, which drifts for seconds at a time (1.2-1.5x here) between the steps and the moment the
-    planner reads it; the median of :data:`HOST_STEPS` steps. Empty when the model's parameters exceed
+    planner reads it; the median of :data:`HOST_STEPS` steps. Both are this thread's CPU time, which processes
+    sharing its core do not lengthen (in wall time a build beside the trace moved the count 1.6-4x). Empty when the model's parameters exceed
     :data:`HOST_PROBE_BYTES`."""
     from ..nn import ShardedDataParallel
 
@@ -1272,18 +1276,18 @@ def _host_operations(
                 layout = Layout(shape, grid.dims, (None, None, *plan.spatial))
                 counts: list[tuple[float, float, float]] = []
                 for _ in range(1 + HOST_STEPS):
-                    unit = small_operators_seconds(HOST_UNIT_OPS) / HOST_UNIT_OPS
+                    unit = small_operators_seconds(HOST_UNIT_OPS, clock=time.thread_time) / HOST_UNIT_OPS
                     x = DistTensor(torch.zeros(shape, dtype=sample.torch_dtype), grid, layout)
-                    t0 = time.perf_counter()
+                    t0 = time.thread_time()
                     out_ = sdp(x)
                     pred = out_.local if isinstance(out_, DistTensor) else out_
                     loss = (pred**2).sum()
-                    t1 = time.perf_counter()
+                    t1 = time.thread_time()
                     loss.backward()
-                    t2 = time.perf_counter()
+                    t2 = time.thread_time()
                     sdp.step(opt)
                     sdp.zero_grad(set_to_none=True)
-                    t3 = time.perf_counter()
+                    t3 = time.thread_time()
                     counts.append(((t1 - t0) / unit, (t2 - t1) / unit, (t3 - t2) / unit))
                 f, b, s = (float(np.median([c[i] for c in counts[1:]])) for i in range(3))
                 out[(rc, zero)] = (f, b, s)
