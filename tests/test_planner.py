@@ -610,7 +610,7 @@ def test_ranks_sharing_cores_lend_them_to_the_data_groups_with_more_samples(vit_
     assert time_of(shared, even) == time_of(alone, even)
 
 
-def test_the_host_work_is_counted_in_small_operators_timed_beside_it(monkeypatch: Any) -> None:
+def test_the_host_work_is_counted_in_small_operators_timed_beside_it(vit_work: Any, monkeypatch: Any) -> None:
     """The trace counts a step's host work in small operators timed just before each step, in this thread's CPU
     time, so a machine three times slower (here: a CPU clock three times fast) counts about the same work, where
     seconds would read three times as many (the planner prices each count at the machine's seconds per kernel), and
@@ -618,7 +618,7 @@ def test_the_host_work_is_counted_in_small_operators_timed_beside_it(monkeypatch
     optimizer step), within 1.5x (beside two processes computing: 1.0-1.1x)."""
     cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["train.batch_size=8", "surrogate.heads=4"])
     inputs = autoplan.planning_inputs(cfg)
-    plain = trace(inputs["builder"], inputs["sample"])
+    plain = vit_work  # (the same model and sample, traced at the module's start)
     real = time.thread_time
     monkeypatch.setattr(time, "thread_time", lambda: 3.0 * real())
     slow = trace(inputs["builder"], inputs["sample"])
