@@ -149,7 +149,7 @@ class _Built:
             inputs["recompute"](self.model)
         self.pipelined = bool(pipe)
         self.wrapped: Any
-        if pipe:  # (stages cut by PipelineParallel's default: parameter counts)
+        if pipe:  # (stages cut where the planner priced them; without cuts, PipelineParallel's default)
             self.wrapped = PipelineParallel(self.model, plan, schedule=cand.schedule, microbatches=cand.microbatches,
                                             virtual=cand.chunks, zero=cand.zero or None, seed=0,
                                             cuts=cuts or None)  # fmt: skip

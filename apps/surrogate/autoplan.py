@@ -207,12 +207,9 @@ def choose(
     got = [int(v) for v in hpctp.comm.bcast_ints(grid.comm, choice if grid.rank == 0 else None, words)]
     schedule = SCHEDULES[got[5] - 1] if got[5] else ""
     cand = hpctp.perf.Candidate(got[0], tuple(got[8:]), got[1], got[4], got[2], bool(got[3]), schedule, got[6], got[7])
-    count = cand.pipeline * cand.chunks + 1 if cand.pipeline > 1 else 0
-    sent = cuts if grid.rank == 0 and len(cuts) == count else [0] * count
-    got_cuts = (
-        [int(v) for v in hpctp.comm.bcast_ints(grid.comm, sent if grid.rank == 0 else None, count)] if count else []
-    )
-    return cand, [] if not any(got_cuts) else got_cuts, table
+    count = cand.pipeline * cand.chunks + 1 if cand.pipeline > 1 else 0  # (zeros: the planner named no cuts)
+    got_cuts = hpctp.comm.bcast_ints(grid.comm, (cuts or [0] * count) if grid.rank == 0 else None, count)
+    return cand, [int(v) for v in got_cuts] if got_cuts.any() else [], table
 
 
 def apply(cfg: dict[str, Any], cand: hpctp.perf.Candidate, cuts: list[int] | None = None) -> dict[str, Any]:

@@ -258,13 +258,17 @@ def chain_cuts(work: Workload, parts: int) -> tuple[int, ...]:
     tuple of int
         ``parts + 1`` increasing indices from 0 to the number of children, or ``()``.
     """
-    names = [name for name, _ in work.model.named_children()]
-    index = {name: i for i, name in enumerate(names)}
-    fqns = [u.fqn for u in work.units[1:]]
-    if not fqns or not all(f in index for f in fqns):
-        return ()
-    cuts = stage_cuts(work, parts)
-    return (0, *(index[fqns[c]] for c in cuts[1:-1]), len(names))
+    key = ("chain cuts", parts)
+    if key not in work.cache:
+        names = [name for name, _ in work.model.named_children()]
+        index = {name: i for i, name in enumerate(names)}
+        fqns = [u.fqn for u in work.units[1:]]
+        if not fqns or not all(f in index for f in fqns):
+            work.cache[key] = ()
+        else:
+            cuts = stage_cuts(work, parts)
+            work.cache[key] = (0, *(index[fqns[c]] for c in cuts[1:-1]), len(names))
+    return work.cache[key]  # type: ignore[no-any-return]
 
 
 def _simulate(

@@ -1247,8 +1247,8 @@ def _host_operations(
     in small operators (:func:`small_operators_seconds`), timed just before each step: a count does not move with
     this machine's speed, which drifts for seconds at a time (1.2-1.5x here) between the steps and the moment the
     planner reads it; the median of :data:`HOST_STEPS` steps. Both are this thread's CPU time, which processes
-    sharing its core do not lengthen (in wall time a build beside the trace moved the count 1.6-4x). Empty when the model's parameters exceed
-    :data:`HOST_PROBE_BYTES`."""
+    sharing its core do not lengthen (in wall time a build beside the trace moved the count 1.6-4x). Empty when the
+    model's parameters exceed :data:`HOST_PROBE_BYTES`."""
     from ..nn import ShardedDataParallel
 
     out: dict[tuple[bool, int], tuple[float, float, float]] = {}
