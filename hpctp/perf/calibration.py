@@ -30,8 +30,9 @@ import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid, check_grid
+from .host import small_operators_seconds
 from .machine import COMPUTE_KEYS, KINDS, ComputeRates, Link, MachineProfile
-from .workload import fft_flops, small_operators_seconds
+from .workload import fft_flops
 
 __all__ = ["calibrate", "host_op_seconds", "SIZES", "REPEATS", "HOST_OPS", "ELEMENTWISE_NUMEL", "ATTENTION_HEAD_DIMS"]
 
@@ -144,7 +145,7 @@ cores contend during it."""
 
 def host_op_seconds(comm: Any, device: torch.device, dtype: torch.dtype, repeats: int = REPEATS) -> float:
     """Collective over ``comm`` (local for ``comm=None``). Seconds per small operator on the host
-    (:func:`hpctp.perf.workload.small_operators_seconds`), all ranks at once (the slowest rank's), or in this process
+    (:func:`hpctp.perf.host.small_operators_seconds`), all ranks at once (the slowest rank's), or in this process
     alone: the machine's seconds per kernel, the unit of a traced model's host work."""
 
     def many() -> None:

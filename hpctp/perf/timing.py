@@ -5,9 +5,11 @@ machine's rate for that kind, its attention scores at the softmax's rate, its el
 bandwidth (all divided by the tensor axis inside tensor-parallel modules), and its messages
 (:func:`hpctp.perf.layers.layer_messages`), each at the latency and bandwidth of the link its communicator crosses
 (:meth:`MachineProfile.level`). A message the layer overlaps with its own computation (halo exchanges, the attention
-ring) costs only what exceeds that computation. The host's own time per step (Python, operator dispatch) is the
-trace's count of it, in small operators, times the machine's seconds per kernel; on an asynchronous device it overlaps the
-kernels, elsewhere it adds. Where ranks share cores (:meth:`MachineProfile.sharing` ``k`` ranks per core, a CPU node
+ring) costs only what exceeds that computation. The host's own time per step (Python, operator dispatch, hooks) is
+the trace's count of it, in small operators without their data work (:mod:`hpctp.perf.host`), times the machine's
+seconds per kernel; on an asynchronous device it overlaps the kernels, elsewhere it adds. The optimizer's step is
+its memory traffic (Adam reads a parameter, its gradient and two moments and writes three) at the bandwidth, and its
+host work: the count of the step on one rank (this rank's share of its elements), or its kernel launches. Where ranks share cores (:meth:`MachineProfile.sharing` ``k`` ranks per core, a CPU node
 running more ranks than it has cores), the calibrated rates are those of ranks computing at once, and a data group
 with fewer samples (6 samples over 4 groups: 2, 2, 1, 1) lends its cores once done: the busiest rank's computation
 then takes the mean group's time, and at least its own at ``k`` times the rate.
@@ -399,10 +401,13 @@ def predict_time(
     for msg in _loss(cand, work):
         comm["data"] += m * message_time(msg, cand, machine, msg.axes)
     # data parallelism
-    data_comm, opt = _data_parallel(work, cand, machine, stages_params, bwd_time, rates.bandwidth, rates.kernel)
-    if measured:  # the step as measured on one rank (the wrapper's work and Adam's), Adam's share on this rank's slices
+    data_comm, opt_data, opt_kernels = _data_parallel(work, cand, machine, stages_params, bwd_time, rates.bandwidth,
+                                                      rates.kernel)  # fmt: skip
+    if measured:  # the host's work of the step as counted on one rank (the wrapper's and Adam's), this rank's share
         whole, own = _optimizer_elements(work, cand, stages_params)
-        opt = measured[2] * host_scale * (own / whole if whole else 1.0)
+        opt = opt_data + measured[2] * host_scale * (own / whole if whole else 1.0)
+    else:
+        opt = opt_data + opt_kernels
     comm["data"] += data_comm
     return TimeBreakdown(compute, {k: v for k, v in comm.items() if v > 0}, bubble, opt, flops), stages_params, busiest
 
@@ -484,9 +489,9 @@ def _optimizer_elements(work: Workload, cand: Candidate, params: list[int]) -> t
 def _data_parallel(
     work: Workload, cand: Candidate, machine: MachineProfile, params: list[int], bwd_time: float, bandwidth: float,
     kernel: float,
-) -> tuple[float, float]:  # fmt: skip
-    """Exposed seconds of the gradient and parameter messages (those of :func:`data_messages`), and of the optimizer
-    step."""
+) -> tuple[float, float, float]:  # fmt: skip
+    """Exposed seconds of the gradient and parameter messages (those of :func:`data_messages`), and the optimizer
+    step's: its memory traffic, and its kernel launches."""
     bks = buckets(work, cand, params)
     dims, d = cand.dims, cand.data
     spatial = tuple(a for a in cand.axes["spatial"] if dims[a] > 1)
@@ -518,8 +523,7 @@ def _data_parallel(
     elems = sum(b.numel if cand.zero == 0 else b.slice(d) for b in bks)
     item = max((b.itemsize for b in bks), default=4)
     tensors = len(params) if cand.zero == 0 else len(bks)
-    opt = 7 * elems * item / bandwidth + OPTIMIZER_KERNELS * tensors * kernel
-    return exposed + after, opt
+    return exposed + after, 7 * elems * item / bandwidth, OPTIMIZER_KERNELS * tensors * kernel
 
 
 def step_messages(work: Workload, cand: Candidate, rank: int) -> list[Message]:

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -54,13 +54,13 @@ from ..nn._deferred_weights import recording as linear_recording
 from ..nn.spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from ..nn.spectral.fourier import split_path_on_whole_fields
 from ..tensor.core import DistTensor
+from .host import clock_costs, host_count
 
 __all__ = [
     "CATEGORIES",
     "GRADS",
     "HOST_PROBE_BYTES",
     "HOST_STEPS",
-    "HOST_UNIT_OPS",
     "OUTPUTS",
     "OUTSIDE",
     "PROBE_POINTS",
@@ -78,7 +78,6 @@ __all__ = [
     "Workload",
     "default_layers",
     "fft_flops",
-    "small_operators_seconds",
     "trace",
 ]
 
@@ -374,8 +373,9 @@ class Workload:
         Whether the builder accepted a tensor axis and split some parameter over it.
     host : dict
         ``{(recompute, zero stage): (forward, backward, step)}``: the host's own work (a real training step of one
-        sample of a small field on one rank, one thread, here), counted in small operators
-        (:func:`small_operators_seconds`); times the machine's seconds per kernel, the host time of a step there.
+        sample of a small field on one rank, one thread, here), its operators' data work left out, counted in small
+        operators (:func:`hpctp.perf.host.host_count`); times the machine's seconds per kernel, the host time of a
+        step there.
         Empty for models too large to run here (their host time is then their kernel launches and the optimizer's
         memory traffic).
     model : torch.nn.Module
@@ -1200,55 +1200,24 @@ def _coarse(r: _Run) -> _Run:
                 r.shapes, r.calls, r.order, r.entering, [r.arrived[i] for i in keep], r.arrival, r.deferred, r.leaving)  # fmt: skip
 
 
-HOST_UNIT_OPS = 500
-"""Small operators timed before each step of :func:`trace`'s host measure: the unit its host time is counted in."""
 HOST_STEPS = 5
-"""Timed steps per setting of that measure (after one warm-up step); each part's median count of operators."""
-
-
-def small_operators_seconds(
-    count: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32,
-    clock: Callable[[], float] = time.perf_counter,
-) -> float:  # fmt: skip
-    """Local. Seconds of ``count`` small operators in a row on ``device`` (an 8-element add each, the device
-    synchronized at the end): the host's own cost of launching one, in Python, dispatch and the allocator.
-
-    Parameters
-    ----------
-    count : int
-    device : torch.device, optional
-        Default the CPU.
-    dtype : torch.dtype
-    clock : callable
-        The clock read before and after: wall time (default), or ``time.thread_time`` for this thread's CPU time.
-
-    Returns
-    -------
-    float
-    """
-    dev = device or torch.device("cpu")
-    t = torch.zeros(8, dtype=dtype, device=dev)
-    t0 = clock()
-    for _ in range(count):
-        t = t + 1.0
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    return clock() - t0
+"""Timed steps per setting of :func:`trace`'s host measure (after one warm-up step); each part's median count."""
 
 
 def _host_operations(
     builder: Builder, plan: ParallelPlan, sample: Sample, f0: tuple[int, ...],
     recompute: Callable[[torch.nn.Module], Any] | None | bool,
 ) -> dict[tuple[bool, int], tuple[float, float, float]]:  # fmt: skip
-    """The host's own work (Python, operator dispatch, the optimizer) in a real training step of one sample of the
-    probe field on this CPU, one thread, per recomputation and ZeRO stage (:class:`hpctp.nn.ShardedDataParallel` on
-    one rank: its hooks, gathers and frees, no messages): forward, backward, and the step after them (the wrapper's
-    and Adam's, on the whole parameters), the computation of so small a field being negligible. Each part is counted
-    in small operators (:func:`small_operators_seconds`), timed just before each step: a count does not move with
-    this machine's speed, which drifts for seconds at a time (1.2-1.5x here) between the steps and the moment the
-    planner reads it; the median of :data:`HOST_STEPS` steps. Both are this thread's CPU time, which processes
-    sharing its core do not lengthen (in wall time a build beside the trace moved the count 1.6-4x). Empty when the
-    model's parameters exceed :data:`HOST_PROBE_BYTES`."""
+    """The host's own work (Python, operator dispatch, hooks, the optimizer's loop) in a real training step of one
+    sample of the probe field on this CPU, one thread, per recomputation and ZeRO stage
+    (:class:`hpctp.nn.ShardedDataParallel` on one rank: its hooks, gathers and frees, no messages): forward,
+    backward, and the step after them (the wrapper's and Adam's). Each part is counted by
+    :func:`hpctp.perf.host.host_count`: its operators' data work (which the planner prices from the trace at the
+    machine's rates) left out, in small operators timed just before each step: a count does not move with this
+    machine's speed, which drifts for seconds at a time (1.2-1.5x here) between the steps and the moment the planner
+    reads it; the median of :data:`HOST_STEPS` steps. Both are this thread's CPU time, which processes sharing its
+    core do not lengthen (in wall time a build beside the trace moved the count 1.6-4x). Empty when the model's
+    parameters exceed :data:`HOST_PROBE_BYTES`."""
     from ..nn import ShardedDataParallel
 
     out: dict[tuple[bool, int], tuple[float, float, float]] = {}
@@ -1276,19 +1245,12 @@ def _host_operations(
                 layout = Layout(shape, grid.dims, (None, None, *plan.spatial))
                 counts: list[tuple[float, float, float]] = []
                 for _ in range(1 + HOST_STEPS):
-                    unit = small_operators_seconds(HOST_UNIT_OPS, clock=time.thread_time) / HOST_UNIT_OPS
+                    costs = clock_costs()
                     x = DistTensor(torch.zeros(shape, dtype=sample.torch_dtype), grid, layout)
-                    t0 = time.thread_time()
-                    out_ = sdp(x)
-                    pred = out_.local if isinstance(out_, DistTensor) else out_
-                    loss = (pred**2).sum()
-                    t1 = time.thread_time()
-                    loss.backward()
-                    t2 = time.thread_time()
-                    sdp.step(opt)
-                    sdp.zero_grad(set_to_none=True)
-                    t3 = time.thread_time()
-                    counts.append(((t1 - t0) / unit, (t2 - t1) / unit, (t3 - t2) / unit))
+                    f, loss = host_count(partial(_probe_loss, sdp, x), costs)
+                    b, _ = host_count(loss.backward, costs)
+                    s, _ = host_count(partial(_probe_step, sdp, opt), costs)
+                    counts.append((f, b, s))
                 f, b, s = (float(np.median([c[i] for c in counts[1:]])) for i in range(3))
                 out[(rc, zero)] = (f, b, s)
             # (stages 1 and 2 run the same host code: each gradient copied into its bucket's flat buffer, one
@@ -1299,3 +1261,14 @@ def _host_operations(
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+def _probe_loss(model: torch.nn.Module, x: DistTensor) -> torch.Tensor:
+    out = model(x)
+    pred = out.local if isinstance(out, DistTensor) else out
+    return (pred**2).sum()
+
+
+def _probe_step(model: Any, opt: torch.optim.Optimizer) -> None:
+    model.step(opt)
+    model.zero_grad(set_to_none=True)

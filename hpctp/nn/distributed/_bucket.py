@@ -152,6 +152,12 @@ class Bucket:
         storage, size = flat.untyped_storage(), flat.numel() * flat.element_size()
         if storage.nbytes() != size:
             self.memory.attach(storage, size)
+        if self.data_comm.Get_size() == 1:  # (this rank's slice is the whole: a copy, no message)
+            with torch.no_grad():
+                flat.copy_(shard.detach())
+            if self.state is ParamState.SHARDED:
+                self.state = ParamState.UNSHARDED
+            return
         self.gathering = C.iallgatherv(self.data_comm, shard.detach(), resizable_view(flat), self.counts)
         if self.state is ParamState.SHARDED:
             self.state = ParamState.GATHERING
@@ -243,6 +249,10 @@ class Bucket:
             target = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
         if direct:
             self.reduced = target
+        if self.data_comm.Get_size() == 1:  # (the sum over one rank is its own buffer: a copy, no message)
+            with torch.no_grad():
+                target.copy_(buf)
+            return InFlight(self, [], [buf], None if direct else target)
         message = C.ireduce_scatter(self.data_comm, buf, target, self.counts)
         return InFlight(self, [message], [buf], None if direct else target)
 
