@@ -267,7 +267,7 @@ def predict_memory(
     -------
     MemoryBreakdown
     """
-    trace = work.trace_of(cand.recompute, math.prod(cand.spatial) > 1)
+    trace = work.trace_of(cand.recompute, cand.splits_field)
     whole, slices, biggest, u0, u1 = _state(work, cand, stage_params)
     z = cand.zero
     params = whole if z == 0 else (whole + slices if z < 3 else slices)

@@ -79,6 +79,12 @@ class Candidate:
         return math.prod(self.dims)
 
     @property
+    def splits_field(self) -> bool:
+        """Local. Whether the spatial axes split the field (over more than one rank): its layers then take their split
+        paths, whose trace is :meth:`hpctp.perf.workload.Workload.trace_of`'s ``split``."""
+        return math.prod(self.spatial) > 1
+
+    @property
     def axes(self) -> dict[str, tuple[int, ...]]:
         """Local. ``role -> axes`` of :attr:`dims`."""
         n = len(self.spatial)

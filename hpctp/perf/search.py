@@ -265,7 +265,7 @@ def _stage_parts(work: Workload, cand: Candidate) -> list[tuple[list[int], list[
     stage's backward); and, alike, what its zero-bubble ``W`` keeps after ``B`` (its linear layers' inputs and
     output gradients: [Note: deferred weight gradients])."""
     parts = cand.pipeline * cand.chunks
-    split = math.prod(cand.spatial) > 1
+    split = cand.splits_field
     key = ("stages", cand.pipeline, cand.chunks, cand.recompute, split)
     if key not in work.cache:
         trace = work.trace_of(cand.recompute, split)
@@ -311,7 +311,7 @@ def _stage_timelines(work: Workload, cand: Candidate, split_backward: bool) -> l
     gradient stay after backward has used them, until ``W`` ([Note: deferred weight gradients]): they add up over
     the stage's ``B`` (the trace's :data:`~hpctp.perf.workload.WAITS`)."""
     parts = cand.pipeline * cand.chunks
-    split_field = math.prod(cand.spatial) > 1
+    split_field = cand.splits_field
     key = ("stage timelines", parts, cand.recompute, split_backward, split_field)
     if key not in work.cache:
         trace = work.trace_of(cand.recompute, split_field)
@@ -378,7 +378,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
             work, cand, sh, held=held_buffers(work, cand, sh), free_share=point_free_share(work, cand)
         )
     f = sh.features
-    split_field = math.prod(cand.spatial) > 1
+    split_field = cand.splits_field
     key = ("retained", cand.recompute, split_field)
     if key not in work.cache:
         trace = work.trace_of(cand.recompute, split_field)
