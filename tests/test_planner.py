@@ -616,7 +616,7 @@ def test_the_host_work_is_counted_in_small_operators_timed_beside_it(vit_work: A
     seconds would read three times as many (the planner prices each count at the machine's seconds per kernel), and
     processes sharing the cores do not move it. Compared as each setting's whole step (its forward, backward and
     optimizer step), within 1.5x (beside two processes computing: 1.0-1.1x)."""
-    from hpctp.perf.workload import _host_operations, _probe_plan
+    from hpctp.perf.workload import _free, _host_operations, _probe_plan
 
     cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["train.batch_size=8", "surrogate.heads=4"])
     inputs = autoplan.planning_inputs(cfg)
@@ -628,8 +628,7 @@ def test_the_host_work_is_counted_in_small_operators_timed_beside_it(vit_work: A
         slow = _host_operations(inputs["builder"], probe, inputs["sample"], vit_work.probe_field, None)
     finally:
         monkeypatch.undo()
-        probe.free()
-        probe.grid.free()
+        _free(probe)
     for zero in range(4):
         here, there = sum(plain[(False, zero)]), sum(slow[(False, zero)])
         assert here > 300, plain  # (a step of this ViT: about 1,500 operators' worth)
@@ -671,7 +670,7 @@ def test_the_traced_host_work_barely_grows_with_the_weights() -> None:
     allocator returning the larger blocks, the caches refilled after them); counted whole, as before, 13 times (its
     products and Adam's arithmetic, which the planner prices from the trace at the machine's rates, and a GPU's
     machine file priced again as host time: the benchmark's wide FNO at 0.33 s per step on an H100, now 13 ms)."""
-    from hpctp.perf.workload import _host_operations, _probe_plan
+    from hpctp.perf.workload import _free, _host_operations, _probe_plan
 
     sample = Sample((2, 2, 32, 32), "float32")
     probe = _probe_plan(2, False)
@@ -679,8 +678,7 @@ def test_the_traced_host_work_barely_grows_with_the_weights() -> None:
         narrow = _host_operations(_fourier_of_width(8), probe, sample, (32, 32), None)
         wide = _host_operations(_fourier_of_width(64), probe, sample, (32, 32), None)
     finally:
-        probe.free()
-        probe.grid.free()
+        _free(probe)
     for zero in range(4):
         a, b = sum(narrow[(False, zero)]), sum(wide[(False, zero)])
         assert a / 1.5 < b < 4 * a, (zero, narrow[(False, zero)], wide[(False, zero)])

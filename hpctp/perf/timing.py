@@ -9,10 +9,11 @@ ring) costs only what exceeds that computation. The host's own time per step (Py
 the trace's count of it, in small operators without their data work (:mod:`hpctp.perf.host`), times the machine's
 seconds per kernel; on an asynchronous device it overlaps the kernels, elsewhere it adds. The optimizer's step is
 its memory traffic (Adam reads a parameter, its gradient and two moments and writes three) at the bandwidth, and its
-host work: the count of the step on one rank (this rank's share of its elements), or its kernel launches. Where ranks share cores (:meth:`MachineProfile.sharing` ``k`` ranks per core, a CPU node
-running more ranks than it has cores), the calibrated rates are those of ranks computing at once, and a data group
-with fewer samples (6 samples over 4 groups: 2, 2, 1, 1) lends its cores once done: the busiest rank's computation
-then takes the mean group's time, and at least its own at ``k`` times the rate.
+host work: the count of the step on one rank (this rank's share of its elements), or its kernel launches. Where
+ranks share cores (:meth:`MachineProfile.sharing` ``k`` ranks per core, a CPU node running more ranks than it has
+cores), the calibrated rates are those of ranks computing at once, and a data group with fewer samples (6 samples
+over 4 groups: 2, 2, 1, 1) lends its cores once done: the busiest rank's computation then takes the mean group's
+time, and at least its own at ``k`` times the rate.
 
 Data parallelism (:class:`hpctp.nn.ShardedDataParallel`): stages 0-1 all-reduce each bucket over the data
 axes and, for replicated parameters of spatially split layers, the spatial ones; stages 2-3 reduce-scatter
