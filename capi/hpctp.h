@@ -41,8 +41,10 @@
 extern "C" {
 #endif
 
+/* hpctp's version (setup.cfg's; CMake stops at configure time where these differ from it). */
 #define HPCTP_VERSION_MAJOR 0
-#define HPCTP_VERSION_MINOR 1
+#define HPCTP_VERSION_MINOR 2
+#define HPCTP_VERSION_PATCH 0
 #define HPCTP_MAX_NDIM 32
 
 /* Error codes (all errors: non-zero). */

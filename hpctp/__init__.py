@@ -4,6 +4,8 @@ Individual tensors are cut into blocks over a Cartesian :class:`ProcessGrid`; ev
 operation computes what one device would compute on the whole tensor.
 """
 
+from importlib import metadata as _metadata
+
 from . import comm, debug, fft, halo, io, layout, linalg
 from ._util.memory import PeakMemory
 from .comm import CommCounter, ProcessGrid
@@ -21,7 +23,10 @@ from .tensor.functions.pad import pad
 from .tensor.functions.quantiles import median, percentile, quantile
 from .tensor.functions.scan import cumprod, cumsum
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("hpctp")  # the one version: setup.cfg's, as installed
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> object:
