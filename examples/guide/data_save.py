@@ -27,13 +27,16 @@ if grid.rank == 0:
 hpctp.io.save_hdf5(states, out / "data.h5", "u", mode="w", attrs={"steps_between": 4})
 say(f"wrote data.h5:/u {states.shape} {states.dtype} (h5py with MPI-IO: {hpctp.io.mpio_available()})")
 
-# --- training pairs (u[t], u[t + 1]) on a data x spatial grid: grid axis 0 data, axis 1 splits the rows
+# --- training pairs (u[t], u[t + 1]) on a data x spatial grid: grid axis 0 data, grid axis 1 splits the rows
 plan = hpctp.nn.ParallelPlan(grid, data=(0,))
-data = hpctp.io.FieldDataset(out / "data.h5", "u", plan.model_grid, (None, 0, None), targets=1, like="torch")
+# the dataset and the model live on plan.model_grid, which keeps only the spatial axis and numbers it anew:
+# grid axis 1 is model-grid axis 0, so the splits from here on name axis 0 for the rows
+rows = plan.spatial[0]  # 0: the model grid's number of grid axis 1
+data = hpctp.io.FieldDataset(out / "data.h5", "u", plan.model_grid, (None, rows, None), targets=1, like="torch")
 loader = hpctp.io.FieldLoader(data, BATCH, shuffle=True, seed=0, drop_last=True, plan=plan)  # reads ahead
 say(f"{len(data)} pairs, {len(loader)} batches of {BATCH} per epoch; each data group reads its share of a batch")
 
-model = Surrogate(plan.model_grid, split=(0, None))
+model = Surrogate(plan.model_grid, split=(rows, None))  # rows over model-grid axis 0, columns whole
 sdp = hpctp.nn.ShardedDataParallel(model, plan, stage=3)  # parameters, gradients, Adam state: half per rank
 opt = torch.optim.Adam(sdp.parameters(), lr=1e-2)
 losses, step = [], 0

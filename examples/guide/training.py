@@ -3,7 +3,9 @@
     mpiexec -n 4 python examples/guide/training.py [OUTDIR]     (figure: OUTDIR/memory.png)
 
 A 2 x 2 grid: grid axis 0 carries data parallelism (each row of ranks trains on its half of the
-global batch), grid axis 1 spatial parallelism (each field's rows split over the two ranks of a row).
+global batch), grid axis 1 spatial parallelism (each field's rows split over the two ranks of a row). The model
+and its inputs live on ``plan.model_grid``, which keeps the spatial axis alone and numbers it anew: grid axis 1 is
+model-grid axis 0, the axis that the splits below name (``split=(0, None)``, ``FIELD``).
 The same model, data and Adam steps run at every ZeRO stage, with activation checkpointing and under
 bf16 autocast, and once in one process (rank 0 alone) for reference. Rank 0 prints.
 """

@@ -155,9 +155,12 @@ class PeakMemory:
 
     Examples
     --------
-    >>> with PeakMemory() as m:          # doctest: +SKIP
-    ...     train_step()
-    >>> m.peak / 2**20                    # doctest: +SKIP
+    >>> import torch
+    >>> with PeakMemory(tensors=True) as m:
+    ...     x = torch.ones(2**22, dtype=torch.float64)  # 32 MiB
+    ...     del x
+    >>> m.tensors / 2**20  # m.peak: the resident set's rise (allocator and page cache included)
+    32.0
     """
 
     def __init__(self, interval: float = 5e-4, baseline: int | None = None, *, tensors: bool = False) -> None:

@@ -33,11 +33,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("directory")
     pl = sub.add_parser("plan", help="rank the parallel plans of a model config on N ranks (no mpiexec needed)")
     pl.add_argument(
-        "config", help="TOML config (an apps surrogate config, or one with [plan] inputs = 'module:function')"
+        "config",
+        help="TOML config: an apps surrogate config, or one with [plan] inputs = 'module:function', a function of the "
+        "config returning {'builder': build, 'sample': hpctp.perf.Sample(...)}, where build(plan) builds the model on "
+        "plan.model_grid split on plan.spatial (the guide's 'Planning your own model')",
     )
     pl.add_argument("--ranks", type=int, required=True, help="ranks of the job")
     pl.add_argument("--memory", required=True, help="memory per rank, e.g. 80GiB")
-    pl.add_argument("--machine", default=None, help="machine file or published profile (default: h100-ndr)")
+    pl.add_argument(
+        "--machine", default=None,
+        help="machine file (written by 'hpctp perf calibrate') or published profile (default: h100-ndr, the published "
+        "figures of H100 GPUs, not this machine: a warning says so)",
+    )  # fmt: skip
     pl.add_argument("--top", type=int, default=10, help="plans shown")
     pl.add_argument("--no-pipeline", action="store_true", help="leave pipeline plans out")
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")

@@ -79,7 +79,10 @@ def plan_command(config: str, ranks: int, memory: str, machine: str | None, top:
                  pipeline: bool) -> int:  # fmt: skip
     """Local. ``hpctp plan``: print the ranked plans; a clear message and exit status 2 when none fits."""
     from ..perf import PlanError, plan
+    from ..perf.planner import DEFAULT_MACHINE
 
+    if machine is None:
+        print(_default_machine_warning(DEFAULT_MACHINE), file=sys.stderr, flush=True)
     try:
         inputs = planning_inputs(config, overrides)
         report = plan(inputs["builder"], inputs["sample"], ranks=ranks, memory=memory, machine=machine,
@@ -92,6 +95,18 @@ def plan_command(config: str, ranks: int, memory: str, machine: str | None, top:
     print(f"\nchosen: {best.candidate.label()} (grid {'x'.join(map(str, best.candidate.dims))} as pipeline x data x "
           f"spatial x tensor), bounded by {best.bottleneck}", flush=True)  # fmt: skip
     return 0
+
+
+def _default_machine_warning(name: str) -> str:
+    """Local. What ``hpctp plan`` says on stderr when no ``--machine`` is given: whose figures price the plans."""
+    from ..perf.machine import load_machine, published_machines
+
+    return (
+        f"hpctp plan: warning: no --machine given, so the plans are priced on the published profile {name!r} "
+        f"({load_machine(name).name}), not on this machine. Measure this machine with "
+        "'mpiexec -n 2 hpctp perf calibrate --out machine.toml' and pass --machine machine.toml, or name the "
+        f"machine you will run on with --machine (published: {', '.join(published_machines())})."
+    )
 
 
 def calibrate_command(out: str, dtype: str, repeats: int) -> int:

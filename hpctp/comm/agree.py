@@ -56,7 +56,10 @@ def digest(value: object) -> int:
     return zlib.crc32(text.encode(errors="replace"))
 
 
-def agree_arguments(comm: MPI.Intracomm, what: str, error: Exception | None, **arguments: object) -> None:
+def agree_arguments(
+    comm: MPI.Intracomm, what: str, error: Exception | None, *, fixes: Mapping[str, str] | None = None,
+    **arguments: object,
+) -> None:  # fmt: skip
     """Collective over ``comm``. Agree on a local validation result and on the arguments.
 
     One ``Allgather`` of ``1 + len(arguments)`` int64 per rank. If a rank's ``error`` is set,
@@ -71,6 +74,9 @@ def agree_arguments(comm: MPI.Intracomm, what: str, error: Exception | None, **a
         The call, for the message (e.g. ``"load_hdf5"``).
     error : Exception or None
         This rank's local validation result.
+    fixes : mapping of str to str, optional
+        What to do when an argument differs, by its name, added to the message (for arguments that the
+        caller did not pass itself, such as the state of torch's generator).
     **arguments
         The arguments that must be the same on every rank (see :func:`digest`).
 
@@ -96,7 +102,8 @@ def agree_arguments(comm: MPI.Intracomm, what: str, error: Exception | None, **a
     if differ:
         ranks = [r for r in range(table.shape[0]) if (table[r, 1:] != table[0, 1:]).any()]
         mine = ", ".join(f"{n}={_SHORT.repr(arguments[n])}" for n in differ)
+        hints = "".join(f"; {fixes[n]}" for n in differ if fixes and n in fixes)
         raise ValueError(
             f"{what}: ranks passed different {', '.join(differ)} (rank 0 and rank(s) {ranks} differ; "
-            f"rank {comm.Get_rank()} has {mine}); a collective call needs the same arguments on every rank"
+            f"rank {comm.Get_rank()} has {mine}); a collective call needs the same arguments on every rank{hints}"
         )

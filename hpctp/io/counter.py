@@ -24,9 +24,16 @@ class IOCounter:
 
     Examples
     --------
-    >>> with IOCounter() as io:              # doctest: +SKIP
-    ...     hpctp.io.load_checkpoint(path, sdp, opt, grid)
-    >>> io.bytes_read                        # doctest: +SKIP
+    >>> import pathlib, tempfile, hpctp
+    >>> from mpi4py import MPI
+    >>> grid = hpctp.ProcessGrid([1], comm=MPI.COMM_SELF)  # this rank alone (its temporary directory is its own)
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "u.h5"
+    >>> hpctp.io.save_hdf5(hpctp.ones((64, 64), grid, (0, None)), path, "u")
+    >>> with IOCounter() as io:
+    ...     u = hpctp.io.load_hdf5(path, "u", grid, (0, None))
+    >>> io.bytes_read, io.reads
+    (32768, 1)
+    >>> grid.free()
     """
 
     def __init__(self) -> None:

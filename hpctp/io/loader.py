@@ -56,7 +56,8 @@ class FieldLoader:
     Raises
     ------
     ValueError
-        If an argument is invalid or differs between ranks (raised on every rank).
+        If an argument is invalid or differs between ranks, or, without ``plan``, if the dataset's split leaves an
+        axis of its grid undivided (its ranks would read the same samples: pass ``plan=``). Raised on every rank.
     TypeError
         If ``dataset`` is not a FieldDataset (raised where it is not: there is no grid).
 
@@ -93,6 +94,8 @@ class FieldLoader:
                     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
             if plan is not None:
                 _check_plan(plan, dataset)
+            else:
+                _check_replicas(dataset)
             samples = zlib.crc32(np.asarray(dataset.samples, dtype=np.int64, order="C").tobytes())
             values = [int(batch_size), int(seed), int(bool(shuffle)), int(bool(drop_last)), len(dataset), samples]
         except ValueError as e:
@@ -183,6 +186,20 @@ def _check_plan(plan: ParallelPlan, dataset: FieldDataset) -> None:
         raise ValueError(
             f"FieldLoader: the dataset's grid (dims {dataset.grid.dims}) is not the plan's model grid "
             f"(dims {plan.model_grid.dims}); open the dataset on plan.model_grid"
+        )
+
+
+def _check_replicas(dataset: FieldDataset) -> None:
+    """Local. Without a plan, every rank of a grid axis that the dataset's split does not use would read the same
+    samples of every batch: data parallelism without its plan."""
+    lay = dataset.layout
+    idle = [a for a in lay.replicated_axes if lay.grid_dims[a] > 1]
+    if idle:
+        raise ValueError(
+            f"FieldLoader: the dataset's split {lay.split[1:]} leaves grid axes {idle} of its grid (dims "
+            f"{lay.grid_dims}) undivided, so the ranks along them would read the same samples of every batch; for "
+            "data parallelism pass plan=ParallelPlan(grid, data=...) and open the dataset on plan.model_grid (each data "
+            "group then reads its share of every batch), or open it on a grid without those axes"
         )
 
 

@@ -119,10 +119,16 @@ def matmul(
 
     Examples
     --------
-    >>> grid = hpctp.ProcessGrid([0, 0])                          # doctest: +SKIP
-    >>> a = hpctp.random.normal((1000, 300), grid, (0, 1), seed=1)  # doctest: +SKIP
-    >>> b = hpctp.random.normal((300, 700), grid, (0, 1), seed=2)   # doctest: +SKIP
-    >>> c = a @ b                                                 # doctest: +SKIP
+    >>> import numpy as np, hpctp
+    >>> grid = hpctp.ProcessGrid([0, 0])
+    >>> a = hpctp.random.normal((100, 30), grid, (0, 1), seed=1)
+    >>> b = hpctp.random.normal((30, 70), grid, (0, 1), seed=2)
+    >>> c = a @ b
+    >>> c.shape, c.split
+    ((100, 70), (0, 1))
+    >>> bool(np.allclose(c.gather(None), a.gather(None) @ b.gather(None)))
+    True
+    >>> grid.free()
     """
     width = _check(a, b, transpose_a, transpose_b, panel)
     a, b = native(a), native(b)

@@ -26,6 +26,7 @@ building it for real, without ever existing whole on a rank.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "SeededReset",
     "bias_seed",
     "derive_seed",
+    "generator_state",
     "init_block",
     "init_replicated",
     "is_meta",
@@ -106,6 +108,20 @@ def derive_seed(seed: int, stream: int) -> int:
     each weight from its own stream and their gathered parameters do not depend on the grid.
     """
     return (int(seed) * 2862933555777941757 + 3037000493 * (int(stream) + 1)) % 2**63
+
+
+UNSEEDED_FIX = (
+    "the model is on the meta device and no seed= was given, so its values come from torch's generator, which "
+    "torch seeds differently in every process: pass seed= (e.g. seed=0), or call torch.manual_seed(...) with the "
+    "same seed on every rank before building the model"
+)
+"""What to do when the ranks' generators differ (the message of a wrapper that materializes a meta model)."""
+
+
+def generator_state(meta: bool, seed: int | None) -> int:
+    """Local. A digest of torch's CPU generator where a meta model is materialized from it (``meta`` and no
+    ``seed``), else 0: the argument that the ranks agree on (with :data:`UNSEEDED_FIX` as its fix)."""
+    return zlib.crc32(torch.get_rng_state().numpy().tobytes()) if meta and seed is None else 0
 
 
 @contextlib.contextmanager

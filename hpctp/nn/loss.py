@@ -1,5 +1,7 @@
 """Losses and reductions over a whole partitioned field, identical on every rank.
 
+Each takes this rank's blocks, or DistTensors (a layer's output), whose own blocks are then used.
+
 Each function sums local contributions, packs them (with element counts and an error
 flag) into one small float64 buffer and all-reduces it once with
 :class:`~hpctp.ops.autograd.AllReduceSum` (identity backward). Every rank gets the
@@ -11,12 +13,14 @@ all-reduce, so no rank is left waiting.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from .. import comm as C
 from ..comm import ProcessGrid
 from ..ops.autograd import AllReduceSum, check_grid, comms_for_axes
+from ..tensor.core import DistTensor
 
 __all__ = ["global_sum", "global_mean", "global_mse_loss", "global_l1_loss", "relative_l2_error"]
 
@@ -26,9 +30,39 @@ _REDUCTIONS = ("mean", "sum")
 def _type_error(**args: object) -> TypeError | None:
     """A TypeError for the first argument that is not a tensor (flagged in the all-reduce, not raised)."""
     for name, x in args.items():
-        if not isinstance(x, torch.Tensor):
-            return TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if isinstance(x, DistTensor) and not isinstance(x.local, torch.Tensor):
+            return TypeError(
+                f"{name} must be a torch.Tensor or a DistTensor of torch blocks, got a DistTensor of "
+                f"{type(x.local).__name__} blocks (use .to('torch'))"
+            )
+        if not isinstance(x, (torch.Tensor, DistTensor)):
+            return TypeError(f"{name} must be a torch.Tensor or a DistTensor, got {type(x).__name__}")
     return None
+
+
+def _blocks(
+    grid: ProcessGrid, axes: Sequence[int] | None, **args: object
+) -> tuple[list[Any], Sequence[int] | None, Exception | None]:
+    """The arguments' torch blocks (a DistTensor's own block), the grid axes to sum over, and the first problem
+    (flagged in the all-reduce).
+
+    Two DistTensors must have the same layout, so that their blocks hold the same elements. Without ``axes``, a
+    DistTensor on ``grid`` itself is summed over the axes that divide it: the ranks along the others hold copies
+    of its block, which summing over every axis would count once per copy (a DistTensor replicated on every axis
+    is summed on each rank alone: its copies, and so their errors, are the same everywhere)."""
+    err: Exception | None = _type_error(**args)
+    dist = [(name, x) for name, x in args.items() if isinstance(x, DistTensor)]
+    if err is None and len(dist) == 2 and dist[0][1].layout != dist[1][1].layout:
+        (a, x), (b, y) = dist
+        err = ValueError(
+            f"{a} and {b} are DistTensors of different layouts ({x.layout} and {y.layout}); "
+            f"call {b}.redistribute({a}.layout) first"
+        )
+    if axes is None and dist:  # (whatever err is: every rank must take the same communicators)
+        x = dist[0][1]
+        if x.grid is grid or (x.grid.dims == grid.dims and x.grid.same_ranks(grid)):
+            axes = sorted({a for a in x.layout.split if a is not None})
+    return [x.local if isinstance(x, DistTensor) else x for x in args.values()], axes, err
 
 
 def _device(*xs: object) -> torch.device:
@@ -80,13 +114,15 @@ def _count(x: torch.Tensor) -> torch.Tensor:
     return torch.tensor([float(x.numel())], dtype=torch.float64, device=x.device)
 
 
-def global_sum(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
+def global_sum(
+    x_local: torch.Tensor | DistTensor, grid: ProcessGrid, axes: Sequence[int] | None = None
+) -> torch.Tensor:
     """Collective over grid. Sum of all elements of the global tensor (0-d, same on every rank).
 
     Parameters
     ----------
-    x_local : torch.Tensor
-        This rank's block.
+    x_local : torch.Tensor or DistTensor
+        This rank's block, or a DistTensor (its block).
     grid : ProcessGrid
     axes : sequence of int, optional
         Grid axes along which the blocks differ (default: all); ranks along other axes
@@ -105,18 +141,19 @@ def global_sum(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | N
         ProcessGrid.
     """
     check_grid(grid)
-    x = x_local
-    err = _type_error(x_local=x)
+    (x,), axes, err = _blocks(grid, axes, x_local=x_local)
     total = _reduce(lambda: [_opmath(x).sum()], 1, err, grid, axes, _device(x))[0]
     return total.to(x.dtype if x.is_floating_point() or x.is_complex() else torch.int64)
 
 
-def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | None = None) -> torch.Tensor:
+def global_mean(
+    x_local: torch.Tensor | DistTensor, grid: ProcessGrid, axes: Sequence[int] | None = None
+) -> torch.Tensor:
     """Collective over grid. Mean of all elements of the global tensor (0-d, same on every rank).
 
     Parameters
     ----------
-    x_local : torch.Tensor
+    x_local : torch.Tensor or DistTensor
     grid : ProcessGrid
     axes : sequence of int, optional
         See :func:`global_sum`.
@@ -133,16 +170,15 @@ def global_mean(x_local: torch.Tensor, grid: ProcessGrid, axes: Sequence[int] | 
         If ``x_local`` is not a tensor on any rank (raised on every rank).
     """
     check_grid(grid)
-    x = x_local
-    err = _type_error(x_local=x)
+    (x,), axes, err = _blocks(grid, axes, x_local=x_local)
     s, n = _reduce(lambda: [_opmath(x).sum(), _count(x)], 2, err, grid, axes, _device(x))
     return (s / n).to(x.dtype if x.is_floating_point() or x.is_complex() else torch.float64)
 
 
 def _pointwise_loss(
     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    pred: torch.Tensor,
-    target: torch.Tensor,
+    pred: torch.Tensor | DistTensor,
+    target: torch.Tensor | DistTensor,
     grid: ProcessGrid,
     axes: Sequence[int] | None,
     reduction: str,
@@ -150,17 +186,16 @@ def _pointwise_loss(
     check_grid(grid)
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    err = _type_error(pred_local=pred, target_local=target) or _pair_error(pred, target)
-    s, n = _reduce(
-        lambda: [fn(_opmath(pred), _opmath(target)).sum(), _count(pred)], 2, err, grid, axes, _device(pred, target)
-    )
+    (p, t), axes, error = _blocks(grid, axes, pred_local=pred, target_local=target)
+    err = error or _pair_error(p, t)
+    s, n = _reduce(lambda: [fn(_opmath(p), _opmath(t)).sum(), _count(p)], 2, err, grid, axes, _device(p, t))
     out = s / n if reduction == "mean" else s
-    return out.to(torch.promote_types(pred.dtype, target.dtype))
+    return out.to(torch.promote_types(p.dtype, t.dtype))
 
 
 def global_mse_loss(
-    pred_local: torch.Tensor,
-    target_local: torch.Tensor,
+    pred_local: torch.Tensor | DistTensor,
+    target_local: torch.Tensor | DistTensor,
     grid: ProcessGrid,
     axes: Sequence[int] | None = None,
     reduction: str = "mean",
@@ -169,8 +204,9 @@ def global_mse_loss(
 
     Parameters
     ----------
-    pred_local, target_local : torch.Tensor
-        This rank's blocks (same shape).
+    pred_local, target_local : torch.Tensor or DistTensor
+        This rank's blocks (same shape), or DistTensors (a layer's output; two of them of the same layout),
+        whose blocks are used.
     grid : ProcessGrid
     axes : sequence of int, optional
         Grid axes along which the blocks differ (default: all).
@@ -185,17 +221,17 @@ def global_mse_loss(
     Raises
     ------
     ValueError
-        If the blocks' shapes differ on any rank (raised on every rank), or on a bad
-        ``reduction``.
+        If the blocks' shapes or two DistTensors' layouts differ on any rank (raised on every rank), or on
+        a bad ``reduction``.
     TypeError
-        If an input is not a tensor.
+        If an input is not a tensor or a DistTensor of torch blocks.
     """
     return _pointwise_loss(lambda p, t: (p - t) ** 2, pred_local, target_local, grid, axes, reduction)
 
 
 def global_l1_loss(
-    pred_local: torch.Tensor,
-    target_local: torch.Tensor,
+    pred_local: torch.Tensor | DistTensor,
+    target_local: torch.Tensor | DistTensor,
     grid: ProcessGrid,
     axes: Sequence[int] | None = None,
     reduction: str = "mean",
@@ -204,8 +240,9 @@ def global_l1_loss(
 
     Parameters
     ----------
-    pred_local, target_local : torch.Tensor
-        This rank's blocks (same shape).
+    pred_local, target_local : torch.Tensor or DistTensor
+        This rank's blocks (same shape), or DistTensors (a layer's output; two of them of the same layout),
+        whose blocks are used.
     grid : ProcessGrid
     axes : sequence of int, optional
         Grid axes along which the blocks differ (default: all).
@@ -225,8 +262,8 @@ def global_l1_loss(
 
 
 def relative_l2_error(
-    pred: torch.Tensor,
-    target: torch.Tensor,
+    pred: torch.Tensor | DistTensor,
+    target: torch.Tensor | DistTensor,
     grid: ProcessGrid,
     axes: Sequence[int] | None = None,
     per_sample: bool = False,
@@ -235,8 +272,9 @@ def relative_l2_error(
 
     Parameters
     ----------
-    pred, target : torch.Tensor
-        This rank's blocks ``[N, ...]`` (same shape).
+    pred, target : torch.Tensor or DistTensor
+        This rank's blocks ``[N, ...]`` (same shape), or DistTensors (two of the same layout), whose blocks are
+        used.
     grid : ProcessGrid
     axes : sequence of int, optional
         Grid axes along which the blocks differ (default: all).
@@ -255,19 +293,20 @@ def relative_l2_error(
         If the blocks' shapes differ on any rank (raised on every rank).
     """
     check_grid(grid)
-    err = _type_error(pred=pred, target=target) or _pair_error(pred, target)
-    dev = _device(pred, target)
+    (pb, tb), axes, error = _blocks(grid, axes, pred=pred, target=target)
+    err = error or _pair_error(pb, tb)
+    dev = _device(pb, tb)
     if per_sample:
-        if err is None and pred.dim() == 0:
+        if err is None and pb.dim() == 0:
             err = "per_sample=True needs blocks with a batch dim"
-        n = pred.shape[0] if err is None else -1
+        n = pb.shape[0] if err is None else -1
         sizes = sorted(set(C.allgather_ints(grid.comm, [n])[:, 0].tolist()))  # n sizes the message
         if -1 not in sizes and len(sizes) > 1:
             raise ValueError(f"per_sample=True needs the same batch size on every rank, got {sizes}")
         n = max(sizes[-1], 0)
 
         def terms() -> list[torch.Tensor]:
-            p, t = _opmath(pred), _opmath(target)
+            p, t = _opmath(pb), _opmath(tb)
             dims = tuple(range(1, p.dim()))
             d = ((p - t) ** 2).sum(dims) if dims else (p - t) ** 2
             return [d, (t**2).sum(dims) if dims else t**2]
@@ -277,9 +316,9 @@ def relative_l2_error(
     else:
 
         def whole() -> list[torch.Tensor]:
-            p, t = _opmath(pred), _opmath(target)
+            p, t = _opmath(pb), _opmath(tb)
             return [((p - t) ** 2).sum(), (t**2).sum()]
 
         s = _reduce(whole, 2, err, grid, axes, dev)
         out = torch.sqrt(s[0]) / torch.sqrt(s[1])
-    return out.to(torch.promote_types(pred.dtype, target.dtype))
+    return out.to(torch.promote_types(pb.dtype, tb.dtype))

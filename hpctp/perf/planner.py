@@ -60,7 +60,12 @@ def parse_bytes(value: int | float | str) -> int:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    """A size with its unit: GiB, MiB, KiB or bytes, whichever reads as a number from 1 up."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n:.0f} B"
 
 
 def _ms(t: float) -> str:
@@ -106,8 +111,11 @@ class PlanReport:
             f"{w.sample.dtype}; {len(self.ranked)} plans fit, {len(self.infeasible)} do not "
             f"(traced and searched in {self.seconds:.1f} s)",
             "",
-            "  # | plan                          | grid (P,D,S..,T)  | memory/rank | params  grads   optim   activ   "
-            "| step [ms] | compute  spatial tensor  data    pipe    bubble  optim | bottleneck",
+            f"  # | {'plan':29s} | {'grid (P,D,S..,T)':17s} | memory/rank | "
+            + "  ".join(f"{k:>9s}" for k in ("params", "grads", "optim", "activ"))
+            + " | step [ms] | "
+            + " ".join(f"{k:>7s}" for k in ("compute", "spatial", "tensor", "data", "pipe", "bubble", "optim"))
+            + " [ms] | bottleneck",
         ]
         for i, p in enumerate(self.ranked[:top]):
             lines.append(_row(i + 1, p))
@@ -132,10 +140,10 @@ def _row(i: int, p: Prediction) -> str:
         return f"{x * 1e3:7.1f}"
 
     return (
-        f"{i:3d} | {c.label():29s} | {grid:17s} | {_gib(m.total):>11s} | {m.params / 2**30:6.2f}  {m.grads / 2**30:6.2f}  "
-        f"{m.optimizer / 2**30:6.2f}  {m.activations / 2**30:6.2f}  | {t.total * 1e3:9.1f} | {f(t.compute)} "
+        f"{i:3d} | {c.label():29s} | {grid:17s} | {_gib(m.total):>11s} | {_gib(m.params):>9s}  {_gib(m.grads):>9s}  "
+        f"{_gib(m.optimizer):>9s}  {_gib(m.activations):>9s} | {t.total * 1e3:9.1f} | {f(t.compute)} "
         f"{f(t.comm.get('spatial', 0))} {f(t.comm.get('tensor', 0))} {f(t.comm.get('data', 0))} "
-        f"{f(t.comm.get('pipeline', 0))} {f(t.bubble)} {f(t.optimizer)} | {p.bottleneck}"
+        f"{f(t.comm.get('pipeline', 0))} {f(t.bubble)} {f(t.optimizer)}      | {p.bottleneck}"
     )
 
 

@@ -51,6 +51,7 @@ from ..comm import ProcessGrid
 from ..layout import Layout
 from ..nn import ParallelPlan, checkpoint_forward
 from ..nn._deferred_weights import recording as linear_recording
+from ..nn.spatial._inputs import InputGridError, InputSplitError
 from ..nn.spectral import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from ..nn.spectral.fourier import split_path_on_whole_fields
 from ..tensor.core import DistTensor
@@ -975,6 +976,24 @@ def _free(plan: ParallelPlan) -> None:
     plan.grid.free()
 
 
+def _builder_fix(error: InputSplitError | InputGridError, nspatial: int) -> str:
+    """What the builder must change when its model does not take the planner's input."""
+    axes = tuple(range(nspatial))
+    split = (None, None, *axes)
+    if isinstance(error, InputGridError):
+        return (
+            f"the model that the builder makes does not take the planner's input: a layer lives on grid dims "
+            f"{error.wanted}, the planner feeds it a DistTensor on plan.model_grid (dims {error.given} here: the plan's "
+            "spatial and tensor axes); build every layer on plan.model_grid, not on plan.grid"
+        )
+    return (
+        f"the model that the builder makes does not take the planner's input: a layer splits it {error.wanted}, the "
+        f"planner gives it split (None, None, *plan.spatial) = {split} (a plan with one spatial axis per field dim, "
+        f"plan.spatial = {axes}, numbered on plan.model_grid); the builder must split the input on the plan's "
+        "spatial axes: give its layers split=plan.spatial (or leave split= at its default), not a fixed split"
+    )
+
+
 def _probe_fields(sample: Sample, runs: Callable[[tuple[int, ...]], Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The two probe fields: :data:`PROBE_POINTS` per dim (a multiple of the sample's cell), and twice that; doubled
     until the model accepts them."""
@@ -988,6 +1007,8 @@ def _probe_fields(sample: Sample, runs: Callable[[tuple[int, ...]], Any]) -> tup
             runs(f0)
             runs(f1)
             return f0, f1
+        except (InputSplitError, InputGridError) as e:  # not a matter of the field's size: the builder's fix
+            raise ValueError(_builder_fix(e, len(sample.field))) from None
         except (ValueError, RuntimeError) as e:
             last = e
             base *= 2

@@ -706,7 +706,7 @@ class DistTensor:
         return self._remapped(tuple((False, s) for s in total), "roll", dims, shift=tuple(total))
 
     def _remapped(
-        self, remap: tuple[tuple[bool, int], ...], what: str, dims: Iterable[int], **arguments: object
+        self, remap: tuple[tuple[bool, int], ...], what: str, dims: Iterable[int], **arguments: Any
     ) -> DistTensor:
         """This tensor in its own layout with ``remap`` (acting on ``dims``) applied (see
         :func:`hpctp.layout.redistribution_plan`); collective when one of ``dims`` is divided."""

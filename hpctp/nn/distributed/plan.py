@@ -214,6 +214,31 @@ class ParallelPlan:
         spatial = self.grid_axes(partial_axes(p, self.model_grid, self.spatial, name))
         return tuple(sorted(self.data_axes + spatial))
 
+    def check_model(self, model: torch.nn.Module, what: str) -> None:
+        """Local. Raise if a layer of ``model`` lives on other ranks than :attr:`model_grid` (a model built on
+        the whole grid, or on another plan's model grid).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+        what : str
+            The caller, for the message (e.g. ``"ShardedDataParallel"``).
+
+        Raises
+        ------
+        ValueError
+            Naming the first such layer, its grid and the fix (build it on ``plan.model_grid``).
+        """
+        for name, m in model.named_modules():
+            grid = getattr(m, "grid", None)
+            if isinstance(grid, ProcessGrid) and not grid.same_ranks(self.model_grid):
+                raise ValueError(
+                    f"{what}: layer {name or '(the model)'!r} ({type(m).__name__}) is built on a grid of dims "
+                    f"{grid.dims} ({grid.size} ranks), not on plan.model_grid (dims {self.model_grid.dims}, "
+                    f"{self.model_grid.size} ranks: the plan's spatial and tensor axes, one copy per data group"
+                    f"{' and pipeline stage' if self.pipeline_axes else ''}); build the model on plan.model_grid"
+                )
+
     def gradient_buckets(self, module: torch.nn.Module) -> dict[PlanBucketKey, list[tuple[str, torch.nn.Parameter]]]:
         """Local. The trainable parameters grouped by ``(device, dtype, gradient_axes)`` in
         ``named_parameters()`` order; groups whose axes hold one rank are left out.

@@ -61,7 +61,6 @@ import collections
 import contextlib
 import functools
 import weakref
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -70,7 +69,7 @@ import torch
 from ... import comm as C
 from ..._util.memory import map_large_blocks
 from ...tensor.core import DistTensor
-from ..init import seeded
+from ..init import UNSEEDED_FIX, generator_state, seeded
 from ..meta import has_meta, materialize_modules, meta_problems, reset_order
 from ._bucket import Bucket, InFlight, ParamState
 from ._optimizer_state import copy_value, gather_flat, optimizer_like, slice_state, state_kinds
@@ -88,6 +87,12 @@ backward's compute but hold that many more unit-sized buffers; at the limit, sta
 waits for the oldest. (Stage 3 also finishes them before the next unit's backward: they overlap its gather.)"""
 
 _MIB = 1 << 20
+_FIXES = {
+    "generator_state": UNSEEDED_FIX,
+    "names": "the ranks' models have different trainable parameters: build the same model on every rank",
+    "axes": "a parameter is split differently on some ranks: build the same model, with the same splits, on every rank",
+    "meta": "build the model on the meta device on every rank or on none",
+}
 BucketKey = tuple[torch.device, torch.dtype, tuple[int, ...]]
 
 
@@ -127,17 +132,6 @@ class ShardedDataParallel(torch.nn.Module):
     0's parameters and buffers are broadcast to the other data groups at construction (a model on
     ``meta`` is materialized instead, with the same values on every rank).
 
-    Training step::
-
-        with torch.device("meta"):          # optional: nothing is allocated here
-            model = build(plan.model_grid)
-        sdp = ShardedDataParallel(model, plan, stage=3, seed=0)
-        opt = torch.optim.Adam(sdp.parameters(), lr=1e-3)
-        loss = global_mse_loss(sdp(x), y, plan.grid, plan.loss_axes)
-        loss.backward()          # gradient messages start from hooks during backward
-        sdp.step(opt)            # finish_gradients(), opt.step(), gather the parameters (stages 1-2)
-        sdp.zero_grad()
-
     Parameters
     ----------
     model : torch.nn.Module
@@ -166,7 +160,8 @@ class ShardedDataParallel(torch.nn.Module):
     seed : int, optional
         A model on ``meta``: initialise it as one process would after ``torch.manual_seed(seed)``
         (layers built with their own ``seed=`` draw from it either way). None: from the current
-        torch generator, which must then be in the same state on every rank (checked).
+        torch generator, which must then be in the same state on every rank (checked; torch seeds
+        every process differently, so call ``torch.manual_seed`` alike on every rank first).
     device : torch.device or str, optional
         A model on ``meta``: where its slices (and buffers) live; default this rank's GPU
         (:func:`hpctp.comm.current_device`) if one was selected, else the CPU. Values are
@@ -204,11 +199,35 @@ class ShardedDataParallel(torch.nn.Module):
     TypeError
         If ``model`` is not a Module or ``plan`` not a ParallelPlan.
     ValueError
-        On a bad ``stage``, ``bucket_mib``, ``seed``, ``malloc_threshold`` or unit, a ``hpctp_layout`` not of
-        ``plan.model_grid``, a parameter shared by two units, models that differ between ranks,
+        On a bad ``stage``, ``bucket_mib``, ``seed``, ``malloc_threshold`` or unit, a layer or ``hpctp_layout``
+        not of ``plan.model_grid``, a parameter shared by two units, models that differ between ranks,
         or a meta model some of whose tensors have no way to be initialised (naming them) or
-        whose generator state differs between ranks.
+        whose generator state differs between ranks (the message says to pass ``seed=``).
     All raised on every rank.
+
+    Examples
+    --------
+    A training step, on any number of ranks (grid axis 0 carries the data, grid axis 1 splits the rows; on
+    ``plan.model_grid`` that axis is axis 0, ``plan.spatial``):
+
+    >>> import torch, hpctp
+    >>> from hpctp.nn import Conv2d, ParallelPlan, ShardedDataParallel, global_mse_loss
+    >>> grid = hpctp.ProcessGrid([0, 1])
+    >>> plan = ParallelPlan(grid, data=(0,))
+    >>> with torch.device("meta"):  # optional: nothing is allocated here
+    ...     model = Conv2d(2, 2, 3, padding=1, grid=plan.model_grid, split=(*plan.spatial, None))
+    >>> sdp = ShardedDataParallel(model, plan, stage=3, seed=0)  # seed=: the same values on every rank
+    >>> opt = torch.optim.Adam(sdp.parameters(), lr=1e-3)
+    >>> start, stop = plan.sample_range(8)  # this data group's share of a batch of 8 samples
+    >>> field = (None, None, *plan.spatial, None)
+    >>> x = hpctp.random.normal((stop - start, 2, 16, 16), plan.model_grid, field, dtype="float32", like="torch")
+    >>> loss = global_mse_loss(sdp(x), x, plan.grid, plan.loss_axes)  # the loss of the whole batch
+    >>> loss.backward()  # gradient messages start from hooks during backward
+    >>> sdp.step(opt)  # finish_gradients(), opt.step(), gather the parameters (stages 1-2)
+    >>> sdp.zero_grad()
+    >>> loss.dim(), bool(loss > 0)
+    (0, True)
+    >>> plan.free(); grid.free()
 
     Notes
     -----
@@ -254,6 +273,7 @@ class ShardedDataParallel(torch.nn.Module):
         target = torch.device("cpu")
         try:
             _check_arguments(model, stage, bucket_mib, units, seed, malloc_threshold)
+            plan.check_model(model, "ShardedDataParallel")
             chosen = choose_units(model, units) if stage == 3 else []
             trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             axes = [plan.gradient_axes(p, n) for n, p in trainable]
@@ -265,11 +285,10 @@ class ShardedDataParallel(torch.nn.Module):
             target = _target_device(device, meta)
         except (TypeError, ValueError) as e:
             error = e
-        generator = zlib.crc32(torch.get_rng_state().numpy().tobytes()) if meta and seed is None else 0
         C.agree_arguments(
-            plan.stage_comm, "ShardedDataParallel", error, stage=stage, bucket_mib=bucket_mib, overlap=overlap,
-            prefetch=prefetch, names=[n for n, _ in trainable], axes=axes, meta=meta, seed=seed,
-            generator_state=generator, malloc_threshold=malloc_threshold,
+            plan.stage_comm, "ShardedDataParallel", error, fixes=_FIXES, stage=stage,
+            bucket_mib=bucket_mib, overlap=overlap, prefetch=prefetch, names=[n for n, _ in trainable], axes=axes,
+            meta=meta, seed=seed, generator_state=generator_state(meta, seed), malloc_threshold=malloc_threshold,
         )  # fmt: skip
         for key in sorted({a for ax in axes for a in (ax, tuple(x for x in ax if x not in plan.data_axes))}):
             plan.grid.axes_comm(key)  # collective on first use: every rank creates them here, in one order

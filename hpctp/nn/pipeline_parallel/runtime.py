@@ -41,7 +41,7 @@ from .._deferred_weights import DeferredWeightGradients
 from ..distributed.plan import ParallelPlan
 from ..distributed.recompute import Checkpointed
 from ..distributed.sharded import ShardedDataParallel
-from ..init import seeded
+from ..init import UNSEEDED_FIX, generator_state, seeded
 from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, reset_order
 from ..spatial.redistribute import Redistribute
 from ._actions import Action, ActionKind
@@ -58,6 +58,11 @@ RECEIVE_AHEAD = 3
 posting lets a large message land while this rank computes; each posted receive holds its buffer."""
 
 _K = ActionKind
+_FIXES = {
+    "generator_state": UNSEEDED_FIX,
+    "layers": "the ranks' chains have different numbers of layers: build the same model on every rank",
+    "meta": "build the model on the meta device on every rank or on none",
+}
 _LOG = logging.getLogger("hpctp.nn.pipeline")
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -93,7 +98,9 @@ class PipelineParallel(torch.nn.Module):
         (``"zero_bubble"`` takes 0-2); None: plain stages, gradients summed by
         :meth:`ParallelPlan.sync_gradients` at the end of a step.
     seed : int, optional
-        A meta model: materialize as one process would after ``torch.manual_seed(seed)``.
+        A meta model: materialize as one process would after ``torch.manual_seed(seed)``. None: from the
+        current torch generator, which must then be in the same state on every rank (checked; torch seeds every
+        process differently, so call ``torch.manual_seed`` alike on every rank first).
     device : torch.device or str, optional
         A meta model: where its stages live (default this rank's GPU, else the CPU).
 
@@ -123,7 +130,8 @@ class PipelineParallel(torch.nn.Module):
     TypeError, ValueError
         On every rank, before any message: a bad layer list, plan, schedule, micro-batch or virtual count,
         cuts that leave a stage empty or do not cover the layers, ``zero`` out of range or 3 with
-        ``"zero_bubble"``, or a meta layer that nothing can initialise.
+        ``"zero_bubble"``, a layer not built on ``plan.model_grid``, a meta layer that nothing can initialise,
+        or a meta model without ``seed=`` whose generator state differs between ranks.
     """
 
     def __init__(
@@ -150,6 +158,7 @@ class PipelineParallel(torch.nn.Module):
         meta = False
         try:
             names, chain = _layers(layers)
+            plan.check_model(torch.nn.Sequential(OrderedDict(zip(names, chain))), "PipelineParallel")
             sched = pipeline_schedule(schedule, plan.pipeline_size, microbatches, virtual)
             if zero is not None and (isinstance(zero, bool) or zero not in (0, 1, 2, 3)):
                 raise ValueError(f"PipelineParallel: zero must be 0, 1, 2, 3 or None, got {zero!r}")
@@ -178,8 +187,9 @@ class PipelineParallel(torch.nn.Module):
         except (TypeError, ValueError) as e:
             error = e
         C.agree_arguments(
-            plan.grid.comm, "PipelineParallel", error, schedule=schedule, microbatches=microbatches, virtual=virtual,
-            cuts=None if cuts is None else list(cuts), zero=zero, layers=len(chain), meta=meta,
+            plan.grid.comm, "PipelineParallel", error, fixes=_FIXES, schedule=schedule,
+            microbatches=microbatches, virtual=virtual, cuts=None if cuts is None else list(cuts), zero=zero,
+            layers=len(chain), meta=meta, seed=seed, generator_state=generator_state(meta, seed),
         )  # fmt: skip
         sched = cast(Schedule, sched)  # (agreed above: no rank failed)
         self.plan, self.schedule, self.zero = plan, sched, zero

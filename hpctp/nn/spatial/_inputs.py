@@ -24,7 +24,33 @@ from ...layout import Layout, normalize_split
 from ...tensor.core import DistTensor
 from ...tensor.infer import infer_layout
 
-__all__ = ["FieldInput", "block_checker", "field_axes", "field_input", "full_split", "resolve_layout", "split_items"]
+__all__ = [
+    "FieldInput",
+    "InputGridError",
+    "InputSplitError",
+    "block_checker",
+    "field_axes",
+    "field_input",
+    "full_split",
+    "resolve_layout",
+    "split_items",
+]
+
+
+class InputSplitError(ValueError):
+    """Local. A DistTensor input split otherwise than the layer (``given``, ``wanted``: full splits)."""
+
+    def __init__(self, message: str, given: tuple[int | None, ...], wanted: tuple[int | None, ...]) -> None:
+        super().__init__(message)
+        self.given, self.wanted = given, wanted
+
+
+class InputGridError(ValueError):
+    """Local. A DistTensor input on a grid of other dims than the layer's (``given``, ``wanted``: the dims)."""
+
+    def __init__(self, message: str, given: tuple[int, ...], wanted: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.given, self.wanted = given, wanted
 
 
 @dataclass(frozen=True)
@@ -253,9 +279,10 @@ def field_input(
             raise ValueError(f"expected a batched {max(n, 1) + 2}-D block (N, C, *spatial), got {block.ndim} dims")
         full = full_split(split, n, grid.ndim)
         if home is not None and lay is not None and lay.split != full:
-            raise ValueError(
-                f"input split {lay.split} differs from the layer's split {full}; call x.redistribute({full}) first"
-            )
+            raise InputSplitError(
+                f"input split {lay.split} differs from the layer's split {full}; call x.redistribute({full}) first",
+                tuple(lay.split), full,
+            )  # fmt: skip
         if home is None and lay is not None and not collective:
             _check_layout(lay, block.shape, grid, full)
     except (TypeError, ValueError) as e:
@@ -277,5 +304,10 @@ def _torch_block(x: Any, grid: ProcessGrid) -> torch.Tensor:
     if not isinstance(x.local, torch.Tensor):
         raise TypeError("DistTensor inputs of nn layers need a torch local block (use .to('torch'))")
     if x.grid.dims != grid.dims:
-        raise ValueError(f"input lives on grid dims {x.grid.dims}, the layer on {grid.dims}")
+        raise InputGridError(
+            f"input lives on grid dims {x.grid.dims}, the layer on {grid.dims}; build the layer on the input's grid "
+            "(with a ParallelPlan: both on plan.model_grid), or move the input there (x.redistribute(split, grid=...))",
+            tuple(x.grid.dims),
+            tuple(grid.dims),
+        )
     return x.local

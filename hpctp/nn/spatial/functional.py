@@ -90,7 +90,14 @@ def halo_pad(
 
     Examples
     --------
-    >>> y = halo_pad(x, grid, (None, None, 0, 1), 1, "periodic")   # doctest: +SKIP
+    >>> import torch, hpctp
+    >>> from hpctp.nn.functional import halo_pad
+    >>> grid = hpctp.ProcessGrid([0, 0])  # every rank of the job, as a 2-D grid
+    >>> x = hpctp.ones((1, 1, 8, 8), grid, (None, None, 0, 1), like="torch")
+    >>> y = halo_pad(x.local, grid, (None, None, 0, 1), 1, "periodic")
+    >>> tuple(y.shape[2:]) == (x.local.shape[2] + 2, x.local.shape[3] + 2), bool((y == 1).all())
+    (True, True)
+    >>> grid.free()
     """
     error: Exception | None = None
     try:  # every argument agreed on before the exchange: a bad or different one on one rank raises everywhere
