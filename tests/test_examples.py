@@ -51,7 +51,7 @@ def test_guide_runs_every_guide_script() -> None:
     run = {m for p in pages for m in re.findall(r"^\.\. hpctp-run:: (examples/\S+\.py)", p.read_text(), re.M)}
     missing = sorted(s for s in run if not (ROOT / s).is_file())
     assert not missing, f"guide pages run scripts that do not exist: {missing}"
-    helpers = {"guide_model.py"}  # imported by the scripts, not run on its own
+    helpers = {"guide_model.py", "debugging_job.py"}  # imported or launched by the scripts, not run on their own
     scripts = {f"examples/guide/{p.name}" for p in GUIDE_SCRIPTS.glob("*.py") if p.name not in helpers}
     assert scripts <= run, f"guide scripts that no page runs: {sorted(scripts - run)}"
     toc = (GUIDE / "index.rst").read_text()

@@ -173,7 +173,7 @@ def plot_timeline(
         plt.Rectangle((0, 0), 1, 1, color=style[TRACK_WAITING][0]),
     ]
     ax.legend(handles, ["blocked in MPI", "non-blocking in flight", "waiting for a later rank"],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8, frameon=False)  # fmt: skip
+              loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8, frameon=False)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(os.fspath(path), dpi=110)
+    fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")  # (the legend below the axes included)
     plt.close(fig)
