@@ -107,11 +107,11 @@ def test_loader_without_plan_on_an_undivided_axis_is_refused(tmp_path_factory: p
 
 
 # ------------------------------------------------------------------------------------------------- the planner
-def _report(memory: tuple[float, float, float, float, float]) -> PlanReport:
+def _report(memory: tuple[float, float, float, float, float], label: str = "D2 S2 T1 Z2") -> PlanReport:
     """A report of one plan with these bytes (total, parameters, gradients, optimizer, activations)."""
     total, params, grads, optim, activ = memory
     pred = SimpleNamespace(
-        candidate=SimpleNamespace(label=lambda: "D2 S2 T1 Z2", dims=(1, 2, 2, 1)),
+        candidate=SimpleNamespace(label=lambda: label, dims=(1, 2, 2, 1)),
         memory=SimpleNamespace(total=total, params=params, grads=grads, optimizer=optim, activations=activ),
         time=SimpleNamespace(total=0.0125, compute=0.01, comm={"data": 0.002}, bubble=0.0, optimizer=0.0005),
         bottleneck="compute", cuts=(),
@@ -132,8 +132,12 @@ def test_plan_table_puts_units_on_every_column() -> None:
     assert cells[3] == "2.50 GiB", row
     assert cells[4].split() == ["1.4", "MiB", "720.0", "KiB", "2.8", "MiB", "96", "B"], row
     assert " 0.00 " not in row and "12.5" in cells[5], row
-    bars = [[i for i, c in enumerate(line) if c == "|"] for line in (header, row)]
-    assert bars[0] == bars[1], f"the columns do not line up:\n{header}\n{row}"
+    for label in ("D2 S2 T1 Z2", "D1 S2x1 T1 Z0 P2 interleaved m8 v2"):  # (a pipeline's label is wider)
+        header, row = (
+            _report((2.5 * 2**30, 1.4 * 2**20, 720 * 2**10, 2.8 * 2**20, 96.0), label).table().splitlines()[3:5]
+        )
+        bars = [[i for i, c in enumerate(line) if c == "|"] for line in (header, row)]
+        assert bars[0] == bars[1], f"the columns do not line up:\n{header}\n{row}"
 
 
 def test_plan_of_ones_own_model_warns_and_names_the_builders_fix(

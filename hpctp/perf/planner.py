@@ -105,20 +105,21 @@ class PlanReport:
     def table(self, top: int = 10, infeasible: int = 5) -> str:
         """Local. The ``top`` plans and the ``infeasible`` closest to fitting, as a text table."""
         w = self.workload
+        wide = max([29, *(len(p.candidate.label()) for p in self.ranked[:top])])  # the plan column's width
         lines = [
             f"{self.ranks} ranks, {_gib(self.budget)} per rank, machine: {self.machine.name} ({self.machine.source})",
             f"model: {w.param_count / 1e6:.4g} M parameters ({_gib(w.param_bytes)}), sample {w.sample.shape} "
             f"{w.sample.dtype}; {len(self.ranked)} plans fit, {len(self.infeasible)} do not "
             f"(traced and searched in {self.seconds:.1f} s)",
             "",
-            f"  # | {'plan':29s} | {'grid (P,D,S..,T)':17s} | memory/rank | "
+            f"  # | {'plan':{wide}s} | {'grid (P,D,S..,T)':17s} | memory/rank | "
             + "  ".join(f"{k:>9s}" for k in ("params", "grads", "optim", "activ"))
             + " | step [ms] | "
             + " ".join(f"{k:>7s}" for k in ("compute", "spatial", "tensor", "data", "pipe", "bubble", "optim"))
             + " [ms] | bottleneck",
         ]
         for i, p in enumerate(self.ranked[:top]):
-            lines.append(_row(i + 1, p))
+            lines.append(_row(i + 1, p, wide))
         if self.ranked and self.best.cuts:
             lines.append(f"plan 1's pipeline stages cut the model's layers at {list(self.best.cuts)} (balanced flops): "
                          "give them to PipelineParallel(cuts=...)")  # fmt: skip
@@ -132,7 +133,7 @@ class PlanReport:
         return self.table()
 
 
-def _row(i: int, p: Prediction) -> str:
+def _row(i: int, p: Prediction, wide: int) -> str:
     c, m, t = p.candidate, p.memory, p.time
     grid = "x".join(map(str, c.dims))
 
@@ -140,7 +141,7 @@ def _row(i: int, p: Prediction) -> str:
         return f"{x * 1e3:7.1f}"
 
     return (
-        f"{i:3d} | {c.label():29s} | {grid:17s} | {_gib(m.total):>11s} | {_gib(m.params):>9s}  {_gib(m.grads):>9s}  "
+        f"{i:3d} | {c.label():{wide}s} | {grid:17s} | {_gib(m.total):>11s} | {_gib(m.params):>9s}  {_gib(m.grads):>9s}  "
         f"{_gib(m.optimizer):>9s}  {_gib(m.activations):>9s} | {t.total * 1e3:9.1f} | {f(t.compute)} "
         f"{f(t.comm.get('spatial', 0))} {f(t.comm.get('tensor', 0))} {f(t.comm.get('data', 0))} "
         f"{f(t.comm.get('pipeline', 0))} {f(t.bubble)} {f(t.optimizer)}      | {p.bottleneck}"
