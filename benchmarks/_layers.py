@@ -24,6 +24,7 @@ from _timing import single_process
 
 __all__ = [
     "parser",
+    "results",
     "start",
     "field",
     "gather_stats",
@@ -174,6 +175,78 @@ def report(table: np.ndarray, ref: dict[str, float], hpctp_line: str, ref_line: 
     )
 
 
+def results(
+    args: argparse.Namespace,
+    table: np.ndarray,
+    ref: dict[str, float],
+    *,
+    benchmark: str,
+    title: str,
+    measures: str,
+    caption: str,
+    reference: str,
+) -> dict[str, Any]:
+    """Local (rank 0). This run's figures as a results file of the docs' benchmark pages (``benchmarks/plots.py``'s
+    schema): the table of :func:`report` (time, peak RSS, their ratios) and its plots; a script adds its own."""
+    import plots
+
+    ranks = table.shape[0]
+    threads = args.threads or ranks
+    t, peak, cpu = table[:, 0].max(), table[:, 2].max(), table[:, 4].sum()
+    hp, torch_name = f"hpctp, {ranks} ranks", f"{reference}, 1 process"
+    return {
+        "benchmark": benchmark,
+        "title": title,
+        "command": plots.command(f"benchmarks/{benchmark}.py", sys.argv[1:], ranks),
+        "script": f"benchmarks/{benchmark}.py",
+        "machine": plots.machine(f"hpctp 1 thread per rank, {reference} {threads} threads"),
+        "date": plots.today(),
+        "measures": measures,
+        "tables": [
+            {
+                "caption": caption,
+                "columns": ["", "time / iter", "peak RSS per process"],
+                "rows": [
+                    [hp, f"{t:.3g} s", f"{peak:.0f} MB"],
+                    [torch_name, f"{ref['sec']:.3g} s", f"{ref['peak_mb']:.0f} MB"],
+                    [
+                        f"ratio hpctp/{reference}",
+                        f"{t / ref['sec']:.2f} (CPU-time ratio {cpu / ref['cpu']:.2f})",
+                        f"{peak / ref['peak_mb']:.2f} per rank",
+                    ],
+                ],
+            }
+        ],
+        "plots": [
+            {
+                "file": f"{benchmark}_time.png",
+                "kind": "bar",
+                "title": "Forward+backward time per iteration",
+                "xlabel": "",
+                "ylabel": "time per iteration (s)",
+                "x": [f"{hp} × 1 thread", f"{torch_name} × {threads} threads"],
+                "series": {"time per iteration": [float(f"{t:.3g}"), float(f"{ref['sec']:.3g}")]},
+            },
+            {
+                "file": f"{benchmark}_ratios.png",
+                "kind": "bar",
+                "title": f"hpctp / {reference} (dashed: 1, equal)",
+                "xlabel": "",
+                "ylabel": f"hpctp / {reference}",
+                "x": ["wall time", "CPU time (all ranks)", "peak RSS per process"],
+                "series": {
+                    f"hpctp / {reference}": [
+                        round(t / ref["sec"], 2),
+                        round(cpu / ref["cpu"], 2),
+                        round(peak / ref["peak_mb"], 2),
+                    ]
+                },
+                "hline": 1.0,
+            },
+        ],
+    }
+
+
 def parser(doc: str | None, size: int, layers: int, reps: int) -> argparse.ArgumentParser:
     """Local. The options every layer benchmark takes (a script adds its own)."""
     p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
@@ -184,6 +257,7 @@ def parser(doc: str | None, size: int, layers: int, reps: int) -> argparse.Argum
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=0, help="torch threads of the reference (default: #ranks)")
     p.add_argument("--grid", type=int, nargs="+", default=None, help="grid dims (default: MPI's choice, 2-D)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as a results file (docs)")
     p.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     return p
 

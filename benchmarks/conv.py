@@ -65,6 +65,20 @@ def distributed(args: argparse.Namespace) -> None:
         f"hpctp : {grid.size} ranks, grid {grid.dims}, 1 torch thread each, overlap={not args.no_overlap}",
         f"torch : 1 process, {threads} threads (separate process)",
     )
+    if args.json:
+        import plots
+
+        c, s = args.channels, args.size
+        layer = f"Conv2d({c},{c},3)+ReLU"
+        results = L.results(
+            args, table, ref, benchmark="conv", title="Convolution", reference="torch",
+            caption=f"{args.layers} × {layer}, forward+backward, 1×{c}×{s}×{s} {args.dtype}",
+            measures=f"Forward+backward of {args.layers} × {layer} on a 1×{c}×{s}×{s} {args.dtype} field (mean of "
+            f"{args.reps} iterations after a warm-up) and each process's peak resident set, hpctp's halo-exchanging "
+            f"`Conv2d` on {grid.size} ranks against `torch.nn.Conv2d` in one separate process with {threads} threads, "
+            "in the same run.",
+        )  # fmt: skip
+        print(f"results written to {plots.dump(results, args.json)}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 from _timing import best_of, single_process
@@ -38,6 +39,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=256, help="edge n of the n^3 field (default 256)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as a results file (docs)")
     args = p.parse_args()
     n = args.size
     grid = hpctp.ProcessGrid([0, 0])
@@ -80,6 +82,78 @@ def main() -> None:
         f"out_split='any': {sent[1] / 2**20:.1f} MiB"
     )
     print(f"result check: max |hpctp - numpy| / max |numpy| = {diff:.1e}")
+    if args.json:
+        _write_json(args, grid, (t_same, t_any, t_ref), sent / field)
+
+
+def _write_json(
+    args: argparse.Namespace, grid: hpctp.ProcessGrid, times: tuple[float, float, float], sent: Any
+) -> None:
+    """Rank 0: this run's figures as a results file of the docs' benchmark pages (benchmarks/plots.py)."""
+    import sys
+
+    import plots
+
+    t_same, t_any, t_ref = times
+    n, dims = args.size, "×".join(map(str, grid.dims))
+    results = {
+        "benchmark": "fft",
+        "title": "FFT",
+        "command": plots.command("benchmarks/fft.py", sys.argv[1:], grid.size),
+        "script": "benchmarks/fft.py",
+        "machine": plots.machine("1 thread per rank"),
+        "date": plots.today(),
+        "measures": f"`hpctp.fft.rfftn` of a {n}³ float64 field split into pencils (best of {args.reps} after a "
+        'warm-up, the slowest rank), with the result in the input\'s layout and with `out_split="any"`, and the '
+        "bytes each rank sends, against `numpy.fft.rfftn` of the whole field in one process, in the same run.",
+        "tables": [
+            {
+                "caption": f"rfftn of a {n}³ float64 field ({n**3 * 8 / 2**20:.0f} MiB), {grid.size} ranks (pencils "
+                f"on a {dims} grid), 1 thread each",
+                "columns": ["", "time", "time / numpy", "bytes sent per rank"],
+                "rows": [
+                    ["numpy.fft.rfftn, 1 process", f"{t_ref:.3g} s", "", ""],
+                    [
+                        "hpctp.fft.rfftn, result in the input's layout",
+                        f"{t_same:.3g} s",
+                        f"{t_same / t_ref:.2f}",
+                        f"{sent[0]:.2f} × the field",
+                    ],
+                    [
+                        'hpctp.fft.rfftn, `out_split="any"` (no move back)',
+                        f"{t_any:.3g} s",
+                        f"{t_any / t_ref:.2f}",
+                        f"{sent[1]:.2f} × the field",
+                    ],
+                ],  # fmt: skip
+            }
+        ],
+        "plots": [
+            {
+                "file": "fft_ratio.png",
+                "kind": "bar",
+                "title": "hpctp.fft.rfftn / numpy.fft.rfftn (dashed: 1, equal)",
+                "xlabel": "",
+                "ylabel": "time / numpy's",
+                "x": [f"{grid.size} ranks"],
+                "series": {
+                    "result in the input's layout": [round(t_same / t_ref, 2)],
+                    'out_split="any"': [round(t_any / t_ref, 2)],
+                },
+                "hline": 1.0,
+            },
+            {
+                "file": "fft_time.png",
+                "kind": "bar",
+                "title": f"rfftn of a {n}³ float64 field",
+                "xlabel": "",
+                "ylabel": "time (s)",
+                "x": ["numpy, 1 process", f"hpctp, {grid.size} ranks × 1 thread", 'hpctp, out_split="any"'],
+                "series": {"time": [float(f"{t:.3g}") for t in (t_ref, t_same, t_any)]},
+            },
+        ],
+    }
+    print(f"results written to {plots.dump(results, args.json)}")
 
 
 if __name__ == "__main__":

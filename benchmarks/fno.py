@@ -120,6 +120,31 @@ def distributed(args: argparse.Namespace) -> None:
         f"  vs the field                  : forward / field = {fwd / size:.2e}  (field {_bytes(size)}; kept spectrum "
         f"{_bytes(spectrum)} x {args.layers} layers = {_bytes(spectrum * args.layers)}; weights {_bytes(weights)})"
     )
+    if args.json:
+        import plots
+
+        layer = f"SpectralConv2d({c},{c}, modes={m})"
+        results = L.results(
+            args, table, ref, benchmark="fno", title="Fourier layers", reference="torch",
+            caption=f"{args.layers} × {layer}, GELU between, forward+backward, 1×{c}×{s}×{s} {args.dtype}",
+            measures=f"Forward+backward of {args.layers} × {layer} with GELU between on a 1×{c}×{s}×{s} "
+            f"{args.dtype} field (mean of {args.reps} iterations after a warm-up), each process's peak resident set "
+            f"and the bytes each rank sends, hpctp on {grid.size} ranks against `spectral_conv_fft` (torch.fft) with "
+            f"the same weights in one separate process with {threads} threads, in the same run.",
+        )  # fmt: skip
+        sent = f"{_bytes(fwd)} forward + {_bytes(bwd)} backward + {_bytes(syn)} gradient sync"
+        sent += f" (the field is {_bytes(size)})"
+        rows = results["tables"][0]["rows"]
+        results["tables"][0]["columns"].append("bytes sent per rank and iteration")
+        for row, cell in zip(rows, [sent, "", ""]):
+            row.append(cell)
+        mib = [float(f"{b / 2**20:.3g}") or None for b in (fwd, bwd, size)]  # none sent: no bar on the log axis
+        results["plots"].append(
+            {"file": "fno_bytes.png", "kind": "barh", "title": "Bytes sent per rank and iteration, against the field",
+             "xlabel": "MiB (log scale)", "ylabel": "", "x": ["forward", "backward", "the field (one activation)"],
+             "series": {"MiB": mib}, "logy": True}
+        )  # fmt: skip
+        print(f"results written to {plots.dump(results, args.json)}")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--grid", type=int, nargs=2, default=None, metavar=("PR", "PC"))
     parser.add_argument("--panel", type=int, default=None, help="SUMMA panel width (default: hpctp's)")
     parser.add_argument("--no-heat", action="store_true")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures as a results file (docs)")
     args = parser.parse_args()
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
@@ -189,7 +190,81 @@ def main() -> int:
     if rank == 0:
         _report(rows, size, heat_note)
         print(f"load average at the end: {os.getloadavg()[0]:.2f} (other processes on the machine skew timings)")
+        if args.json:
+            _write_json(args.json, rows, size, heat.__version__ if heat is not None else None)
     return 0 if all(r[-1] for r in rows) or rank else 1
+
+
+def _write_json(path: str, rows: list[tuple], size: int, heat: str | None) -> None:  # type: ignore[type-arg]
+    """Rank 0: the table of :func:`_report` as a results file of the docs' benchmark pages (benchmarks/plots.py)."""
+    import plots
+
+    table: list[list[str]] = []
+    gflops: dict[str, list[float]] = {}
+    times: dict[str, list[float]] = {}
+    for n, dims, _, t_np1, t_npp, t_hp, t_ht, _, _ in rows:
+        ref = size * 2.0 * n**3 / t_np1
+        cases = [("numpy", "1 × 1", t_np1), ("numpy", f"1 × {size}", t_npp)]
+        cases.append((f"hpctp SUMMA, grid {dims[0]}×{dims[1]}", f"{size} × 1", t_hp))
+        if t_ht is not None:
+            cases.append(("Heat `ht.matmul`", f"{size} × 1", t_ht))
+        for name, procs, t in cases:
+            rate = 2.0 * n**3 / t
+            table.append([str(n), name, procs, f"{t:.3g} s", f"{rate / 1e9:.1f}", f"{rate / ref:.0%}"])
+            label = f"{name.split(',')[0].replace('`ht.matmul`', '').strip()}, {procs}"
+            gflops.setdefault(label, []).append(round(rate / 1e9, 1))
+            times.setdefault(label, []).append(float(f"{t:.3g}"))
+    sizes = [r[0] for r in rows]
+    heat_text = f"; Heat {heat}" if heat else ""
+    against_heat = " and against Heat's `ht.matmul` on the same ranks" if heat else ""
+    results = {
+        "benchmark": "matmul",
+        "title": "Matmul",
+        "command": plots.command("benchmarks/matmul.py", sys.argv[1:], size),
+        "script": "benchmarks/matmul.py",
+        "machine": plots.machine(f"1 BLAS thread per rank{heat_text}"),
+        "date": plots.today(),
+        "measures": f"The product of two n × n float64 matrices (best of the timed runs after a warm-up, the slowest "
+        f"rank): hpctp's SUMMA on {size} ranks against numpy's `A @ B` in one process with 1 and with {size} BLAS "
+        f"threads{against_heat}, in the same run; the result is checked against numpy.",
+        "tables": [
+            {
+                "caption": "n × n float64 matrix product; efficiency = GFLOP/s / (P × numpy's 1-thread GFLOP/s)",
+                "columns": [
+                    "n",
+                    "implementation",
+                    "processes × threads",
+                    "time",
+                    "GFLOP/s",
+                    "efficiency vs P × 1-thread",
+                ],
+                "rows": table,
+            }
+        ],
+        "plots": [
+            {
+                "file": "matmul_gflops.png",
+                "kind": "bar",
+                "title": "GFLOP/s by implementation",
+                "xlabel": "",
+                "ylabel": "GFLOP/s",
+                "x": [f"n = {n}" for n in sizes],
+                "series": gflops,
+            },
+            {
+                "file": "matmul_time.png",
+                "kind": "line",
+                "title": "Time of one product against n",
+                "xlabel": "n",
+                "ylabel": "time (s, log scale)",
+                "x": sizes,
+                "series": times,
+                "logx": True,
+                "logy": True,
+            },
+        ],  # fmt: skip
+    }
+    print(f"results written to {plots.dump(results, path)}")
 
 
 def _line(n: int, name: str, procs: str, t: float, ref_rate: float) -> str:

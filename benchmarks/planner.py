@@ -35,8 +35,8 @@ The models are the surrogate configs of ``apps/configs`` (``vit.toml``, ``defaul
 overrides, and a wide FNO (``--wide-width`` channels) whose state exceeds ``--wide-memory`` on one rank; the planner
 gets ``--memory`` per rank for the first two and ``--wide-memory`` for the wide one, and for the wide one the
 worker also runs every plan predicted not to fit, to check it indeed exceeds the budget. Pipeline plans (the ViT is
-a chain of layers) run through :class:`hpctp.nn.PipelineParallel`, its stages cut by its default (parameter
-counts); ``--no-pipeline`` leaves them out of the search. Printed: one table per
+a chain of layers) run through :class:`hpctp.nn.PipelineParallel`, its stages cut where the planner priced them
+(``Prediction.cuts``); ``--no-pipeline`` leaves them out of the search. Printed: one table per
 model and rank count (predicted and measured memory and step time per plan), the targets (memory error per plan,
 Spearman's rank correlation of the step times, the top pick's gap to the fastest measured plan, the budget check),
 the measurement against itself (:func:`repeatability`: how well one pass ranks the plans of the others, the ceiling

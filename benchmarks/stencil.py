@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=4096, help="edge n of the n x n field (default 4096)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as a results file (docs)")
     args = p.parse_args()
     n, steps = args.size, args.steps
     grid = hpctp.ProcessGrid([0, 0])
@@ -102,6 +103,58 @@ def main() -> None:
         f"result check: max |hpctp - numpy| / max |numpy| = {np.abs(got_roll - ref).max() / scale:.1e} (np.roll), "
         f"{np.abs(got_halo - ref).max() / scale:.1e} (HaloExchange)"
     )
+    if args.json:
+        _write_json(args, grid, [t / steps for t in (t_ref, t_roll, t_halo)], sent)
+
+
+def _write_json(args: argparse.Namespace, grid: hpctp.ProcessGrid, per_step: list[float], sent: np.ndarray) -> None:
+    """Rank 0: this run's figures as a results file of the docs' benchmark pages (benchmarks/plots.py)."""
+    import sys
+
+    import plots
+
+    n, p = args.size, grid.size
+    ms = [float(f"{t * 1e3:.3g}") for t in per_step]
+    names = [
+        "numpy `np.roll`, 1 process",
+        f"hpctp `np.roll` on a DistTensor, {p} ranks",
+        f"hpctp `HaloExchange`, {p} ranks",
+    ]
+    results = {
+        "benchmark": "stencil",
+        "title": "Stencil",
+        "command": plots.command("benchmarks/stencil.py", sys.argv[1:], p),
+        "script": "benchmarks/stencil.py",
+        "machine": plots.machine("1 thread per rank"),
+        "date": plots.today(),
+        "measures": f"{args.steps} explicit periodic 5-point heat steps on a {n}² float64 field "
+        f"({n * n * 8 / 2**20:.0f} MiB), best of {args.reps} after a warm-up, the slowest rank: numpy's `np.roll` "
+        f"code in one process against the same code on a DistTensor on {p} ranks and against a periodic "
+        "`HaloExchange` of width 1 on the blocks, in the same run.",
+        "tables": [
+            {
+                "caption": f"Periodic 5-point heat step on a {n}² float64 field",
+                "columns": ["", "time / step", "bytes sent per rank and step"],
+                "rows": [
+                    [names[0], f"{ms[0]:g} ms", ""],
+                    [names[1], f"{ms[1]:g} ms (ratio {per_step[1] / per_step[0]:.2f})", f"{sent[0] / 2**10:.0f} KiB"],
+                    [names[2], f"{ms[2]:g} ms (ratio {per_step[2] / per_step[0]:.2f})", f"{sent[1] / 2**10:.0f} KiB"],
+                ],
+            }
+        ],
+        "plots": [
+            {
+                "file": "stencil_time.png",
+                "kind": "bar",
+                "title": f"Time per heat step, {n}² float64",
+                "xlabel": "",
+                "ylabel": "time per step (ms)",
+                "x": [name.replace("`", "").replace(" on a DistTensor", "") for name in names],
+                "series": {"time per step": ms},
+            }
+        ],
+    }
+    print(f"results written to {plots.dump(results, args.json)}")
 
 
 if __name__ == "__main__":

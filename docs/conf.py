@@ -3,7 +3,8 @@
 The reference imports hpctp (autodoc), so it needs the package's own dependencies (numpy, mpi4py,
 torch, h5py) but no GPU and no network: cupy is mocked and no intersphinx inventory is fetched.
 The guide runs the scripts of ``examples/guide/`` under the venv's ``mpiexec`` (docs/_ext/hpctp_guide.py),
-so it also needs matplotlib (the ``apps`` extra) and the apps (the repository root).
+so it also needs matplotlib (the ``apps`` extra) and the apps (the repository root); the benchmark pages'
+plots are drawn with matplotlib from ``docs/benchmarks/results/*.json`` (docs/_ext/hpctp_bench.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ extensions = [
     "numpydoc",
     "hpctp_docs",  # docs/_ext: the supported-functions tables and the __all__ coverage check
     "hpctp_guide",  # docs/_ext: the guide's scripts, run under mpiexec at build time (hpctp-run)
+    "hpctp_bench",  # docs/_ext: the benchmark pages' tables and plots from docs/benchmarks/results/*.json
 ]
 
 templates_path = ["_templates"]

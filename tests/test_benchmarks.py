@@ -3,10 +3,12 @@ and the CPU benchmarks on 2 ranks, each printing its ratio against the reference
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -80,12 +82,28 @@ SMALL = {
 }
 
 
+#: the scripts that also write their figures as a results file of the docs' benchmark pages (``--json PATH``)
+JSON = {"conv.py", "fno.py", "fft.py", "stencil.py", "matmul.py"}
+
+
+def _plots() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_plots_of_test_benchmarks", ROOT / "benchmarks" / "plots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("script", sorted(SMALL))
 def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
     args, expect = SMALL[script]
     if script == "io_read.py":
         args = [*args, "--dir", str(tmp_path)]
+    results = tmp_path / "results" / script.replace(".py", ".json")
+    if script in JSON:
+        args = [*args, "--json", str(results)]
     proc = subprocess.run(
         [MPIEXEC, "-n", "2", sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
@@ -115,6 +133,14 @@ def test_cpu_benchmark_runs_small(script: str, tmp_path: Path) -> None:
     if script == "fno.py":  # only the truncated spectrum travels in forward, not the field
         ratio = float(out.split("forward / field =")[1].split()[0])
         assert ratio < 0.1, out[-2000:]
+    if script in JSON:  # the run's figures as a valid results file, its command without --json, its plots drawn
+        plots = _plots()
+        figures = plots.load(results)
+        assert figures["command"] == f"mpiexec -n 2 python benchmarks/{script} {' '.join(SMALL[script][0])}"
+        assert figures["tables"][0]["rows"] and figures["plots"], figures
+        drawn = plots.draw(figures, tmp_path / "png")
+        assert [p.name for p in drawn] == [spec["file"] for spec in figures["plots"]]
+        assert all(p.is_file() for p in drawn)
 
 
 @pytest.mark.timeout(200)
