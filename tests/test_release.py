@@ -43,3 +43,27 @@ def test_licence_and_changelog() -> None:
     # Keep a Changelog: an Unreleased section, then one per version, newest first, this version among them
     versions = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
     assert versions[:1] == ["Unreleased"] and _setup_cfg_version() in versions, versions
+
+
+def test_citation_and_install_name_the_version() -> None:
+    """The README's BibTeX and install line and CITATION.cff cite the version being released."""
+    version = _setup_cfg_version()
+    readme = (ROOT / "README.md").read_text()
+    assert f"version = {{{version}}}" in readme, "README's BibTeX entry names another version"
+    assert f"hpctp-{version}-py3-none-any.whl" in readme, "README's install line names another wheel"
+    assert re.search(rf"^version: {re.escape(version)}$", (ROOT / "CITATION.cff").read_text(), re.M)
+
+
+def test_readme_is_a_doorway() -> None:
+    """At most 200 lines, no dated runs (a figure's date lives on its benchmark page), at most 8 headline rows,
+    and every relative link leads to a file of the repository."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, f"README.md has {len(readme.splitlines())} lines (at most 200)"
+    dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", readme)
+    assert not dates, f"README.md names dates {dates}: move them to the benchmark pages"
+    glance = readme.split("## Performance at a glance", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in glance.splitlines() if line.startswith("| [")]
+    assert 1 <= len(rows) <= 8, f"{len(rows)} headline rows (at most 8)"
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
+    missing = sorted({link for link in links if not (ROOT / link).exists()})
+    assert not missing, f"README.md links to missing files: {missing}"
