@@ -86,6 +86,16 @@ def test_empty_host_torch_is_an_ordinary_tensor(dtype: torch.dtype) -> None:
     assert int((big != 0).sum()) == 1
 
 
+def test_empty_host_torch_under_fake_tensors() -> None:
+    """The planner traces a step under FakeTensorMode, where a large buffer is a fake tensor of its shape (numpy
+    memory cannot be wrapped: '.numpy() is not supported for tensor subclasses')."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        big = empty_host_torch((512, 1024), torch.float32)
+    assert isinstance(big, FakeTensor) and big.shape == (512, 1024) and big.dtype == torch.float32
+
+
 # ----------------------------------------------------------------------------- planned moves, second call
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)

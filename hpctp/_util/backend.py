@@ -237,8 +237,8 @@ def empty_host_torch(shape: tuple[int, ...], dtype: Any) -> Any:
         stand_in = torch.int16 if dtype == torch.bfloat16 else dtype
         try:
             npd = torch.empty(0, dtype=stand_in).numpy().dtype
-        except TypeError:  # (no numpy dtype: complex32, float8, ...)
-            return torch.empty(shape, dtype=dtype)
+        except (TypeError, RuntimeError):  # no numpy dtype (complex32, float8, ...), or a fake tensor (the planner's
+            return torch.empty(shape, dtype=dtype)  # trace under FakeTensorMode): torch's own, of its mode
         return torch.from_numpy(np.empty(shape, dtype=npd)).view(dtype)
     return torch.empty(shape, dtype=dtype)
 
