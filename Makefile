@@ -1,7 +1,7 @@
 # hpctp: the two commands a newcomer runs (see README):
 #   make demo   -- create .venv, install everything, run the main job on 4 ranks:
 #                  simulate -> train the surrogate -> evaluate -> plot (apps/pipeline.py)
-#   make test   -- create .venv if needed, run the whole test suite on 1, 2, 3, 4 and 6 ranks, then
+#   make test   -- create .venv if needed, run the whole test suite on 1 (two xdist workers), 2, 3, 4 and 6 ranks, then
 #                  the IO tests again with h5py on parallel HDF5 (MPI-IO; tests/run_mpio.sh), then the
 #                  jobs/ scripts under a one-node Slurm started for it (as root; tests/run_slurm.sh); prints
 #                  the wall time of each leg and the total (tests/make_test.sh)
@@ -33,7 +33,7 @@ core-demo: install
 	$(MPIEXEC_ENV) timeout $(MPI_TIMEOUT) $(VENV)/bin/mpiexec -n $(NP) $(PY) -m hpctp demo
 
 # test = test-main + test-mpio + the Slurm leg, with .venv-mpio built in the background while test-main runs
-# (about 15 minutes on 2 cores from a fresh clone); which files run on 3 and 6 ranks: tests/run_all.sh
+# (about 16 minutes on 2 shared cores from a fresh clone); which files run on 3, 4 and 6 ranks: tests/run_all.sh
 test:
 	MAKE="$(MAKE)" bash tests/make_test.sh
 

@@ -7,6 +7,9 @@
   exception escaping a test on a multi-rank run aborts the whole job (no hang).
 * Only rank 0's stdout is shown (tests/rank0_stdout.sh); every rank's stderr is.
 * pytest-timeout dumps stacks and exits a rank stuck past the timeout; mpiexec then ends the rest.
+* The 1-rank leg runs on two pytest-xdist workers, whole files each (``-n 2 --dist loadfile``,
+  tests/run_all.sh), each worker an MPI singleton; a module-scoped fixture (a CMake build, a traced
+  workload) is made once.
 """
 
 from __future__ import annotations

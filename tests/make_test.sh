@@ -3,9 +3,9 @@
 #   1. .venv (make install) and the system packages (tests/system_deps.sh)
 #   2. .venv-mpio is built in the background (tests/run_mpio.sh --build-only, at low priority; log in
 #      build/test-logs/mpio-build.log) while the main suite runs: compiling h5py is one process, done
-#      on the core time the tests leave idle (mostly in the 1-rank leg)
-#   3. the main suite (tests/run_all.sh): 1, 2, 3, 4 and 6 ranks
-#   4. the MPI-IO leg (tests/run_mpio.sh): the IO tests with parallel HDF5, 1 to 4 ranks
+#      at nice 10 on the core time the tests leave idle (MPI ranks waiting in collectives)
+#   3. the main suite (tests/run_all.sh): 1 rank (two xdist workers), 2, 3, 4 and 6 ranks
+#   4. the MPI-IO leg (tests/run_mpio.sh): the IO tests with parallel HDF5, on 1, 2 and 4 ranks
 #   5. the Slurm leg (tests/run_slurm.sh): jobs/ under a one-node Slurm started for it (as root; else skipped)
 # Prints the wall and CPU time of each leg as it ends, and a table of them with the totals at the end
 # (also when a leg fails); the table is also in build/test-times.txt. On a machine that other jobs

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The test suite: every test on 1 rank, then the MPI tests (-m mpi) on 2, 3, 4 and 6 ranks
-# (oversubscribed). Each run has a hard timeout, so a deadlock fails the run. Prints the wall and
-# CPU time of each leg as it ends and a table of them at the end.
+# The test suite: every test on 1 rank (two pytest-xdist workers, one per core), then the MPI tests
+# (-m mpi) on 2, 3, 4 and 6 ranks (4 and 6 oversubscribed). Each run has a hard timeout, so a deadlock
+# fails the run. Prints the wall and CPU time of each leg as it ends, the 25 slowest tests of each leg,
+# and a table of the legs at the end.
 #
-# Usage: tests/run_all.sh                the suite: every file on 1, 2 and 4 ranks; on 6 ranks the
-#                                        files of RANKS6_FILES below, on 3 ranks the others
+# Usage: tests/run_all.sh                the suite: every file on 1 and 2 ranks; on 4 ranks the files of
+#                                        RANKS4_FILES, on 6 ranks those of RANKS6_FILES, on 3 ranks the
+#                                        files not in RANKS6_FILES (new files included)
 #        tests/run_all.sh FILE... [ARGS]  those tests (pytest args) on 1 rank and on every count of
 #                                        MPI_RANKS, whatever the lists say
 # Environment: MPI_RANKS="2 4"   the MPI rank counts (default "2 3 4 6")
-#              ALL_FILES=1       every file on every rank count (the full matrix: about 3 more minutes)
+#              ALL_FILES=1       every file on every rank count (the full matrix: about 8 more minutes)
+#              XDIST=0           the 1-rank leg in one process (default: 2 xdist workers, -n 2 --dist loadfile)
 #              TEST_TIMES=FILE   also append "name<TAB>wall s<TAB>CPU s" per leg to FILE (tests/make_test.sh)
 #              LEG_PREFIX=TEXT   put before each leg's name (tests/run_mpio.sh: "MPI-IO ")
 set -euo pipefail
@@ -16,8 +19,15 @@ cd "$(dirname "$0")/.."
 
 # What each rank count adds (grids: hpctp.testing.grid_shapes, through the conftest's grid1d,
 # grid2d and grid3d fixtures), and so which files run there:
+#   1 rank   every test, the not-mpi ones included (those that launch their own mpiexec jobs of 2 to 4
+#            ranks run here only). Two xdist workers, one per core, whole files each (--dist loadfile:
+#            a module-scoped fixture, such as a CMake build or a traced workload, is made once).
 #   2 ranks  1x2, 2x1, 1x1x2 ...; a periodic neighbour that is both left and right.   Every file.
-#   4 ranks  2x2 (both axes divided), 1x4, 1x2x2 ...; empty blocks of dims < 4.        Every file.
+#   3 ranks  an odd, prime count: 3x1, 1x3, 1x1x3; blocks of unequal sizes (8 over 3: 3, 3, 2).
+#            Every file not in RANKS6_FILES (those meet axes of 3 ranks in 2x3, 3x2 ... on 6):
+#            reductions and all-reduces over grid axes (statistics, norms, losses, gradient sync,
+#            heads split over one axis), elementwise protocols, local layouts, comm, the C API, apps;
+#            a new file runs here (and on 1 and 2 ranks) until it is listed below.
 #   6 ranks  the only grids with two divided axes of different sizes (2x3, 3x2, 1x2x3, 3x1x2 ...),
 #            where code that mixes up two axes, their sizes or their sub-communicators goes wrong;
 #            and 1x6, 6x1, whose blocks of small dims are empty. The files of RANKS6_FILES, whose
@@ -26,12 +36,18 @@ cd "$(dirname "$0")/.."
 #            the other; FFT pencils; halo exchanges and the layers built on them (conv, pool,
 #            upsample, neighbourhood attention); ring attention; gathered and scattered state
 #            dicts; hyperslab IO and restarts on other grids.
-#   3 ranks  an odd, prime count: 3x1, 1x3, 1x1x3; blocks of unequal sizes (8 over 3: 3, 3, 2).
-#            Every file not in RANKS6_FILES (those meet axes of 3 ranks in 2x3, 3x2 ... on 6):
-#            reductions and all-reduces over grid axes (statistics, norms, losses, gradient sync,
-#            heads split over one axis), elementwise protocols, local layouts, comm, the C API, apps.
-# A new file runs on 1, 2, 3 and 4 ranks until it is listed here. The files not listed would add about
-# 2.5 minutes on 6 ranks (on 2 cores); ALL_FILES=1 runs every file on every count.
+#   4 ranks  2x2 (both axes divided, of equal sizes), 1x4 and 4x1 (empty blocks of dims < 4), 1x2x2.
+#            The files (or single tests, FILE::TEST) of RANKS4_FILES: (a) files not on 6 ranks whose code
+#            reduces or moves data over two grid axes at once (grid2d/grid3d fixtures): 2x2 is the one
+#            grid of their legs with two divided axes (sub-communicators of both, reductions over (0, 1));
+#            (b) cases written for 4 ranks: pipeline x data grids of 2x2 (pipeline_parallel,
+#            pipeline_checkpoint, pipeline_mismatch, train_parallel), ZeRO on 2x2 (sharded_checkpoint),
+#            online training on 2 of 4 ranks,
+#            the planner's plans of two divided axes checked against measured steps, FFT pencils that
+#            move twice on 2x2; (c) halo exchanges, where on 2x2 every neighbour of a rank, diagonal
+#            ones included, is one rank, and SUMMA on the square grids it is mostly run on. The other
+#            RANKS6_FILES meet two divided axes on 6 ranks, and empty blocks on 1x6.
+# ALL_FILES=1 runs every file on every count.
 RANKS6_FILES=(
   tests/test_grid.py tests/test_disttensor.py tests/test_indexing.py tests/test_join.py
   tests/test_pad.py tests/test_remap.py tests/test_broadcast.py tests/test_differences.py
@@ -43,6 +59,24 @@ RANKS6_FILES=(
   tests/test_torch_interop.py tests/test_train_parallel.py
   tests/test_sharded.py tests/test_sharded_checkpoint.py tests/test_navier_stokes.py
   tests/test_pipeline_parallel.py tests/test_pipeline_checkpoint.py tests/test_meta_init.py tests/test_sharded_meta.py
+)
+RANKS4_FILES=(
+  # (a) not on 6 ranks; reductions and moves over two grid axes
+  tests/test_apps.py tests/test_attention_heads.py tests/test_debug.py tests/test_histogram.py tests/test_ints.py
+  tests/test_layer_norm.py tests/test_loss.py tests/test_nanfunctions.py tests/test_norm.py tests/test_numpy_api.py
+  tests/test_parallel.py tests/test_quantiles.py tests/test_scan.py tests/test_search.py tests/test_statistics.py
+  tests/test_torch_api.py tests/test_rollout.py::test_rollout_matches_single_process_torch
+  tests/test_capi.py::test_infer_in_place_matches_numpy
+  # (b) cases written for 4 ranks
+  tests/test_pipeline_parallel.py tests/test_pipeline_checkpoint.py tests/test_pipeline_mismatch.py
+  tests/test_train_parallel.py tests/test_sharded_checkpoint.py
+  tests/test_online.py::test_same_loss_curve_on_any_trainer_ranks_and_placement
+  tests/test_planner.py::test_predicted_messages_equal_commcounter
+  tests/test_planner.py::test_predicted_state_equals_sharded_data_parallel
+  tests/test_planner.py::test_predicted_peak_memory_is_within_15_percent_of_a_measured_step
+  tests/test_fft.py::test_messages_are_one_alltoallv_per_move
+  # (c) halos with one neighbour in every direction, SUMMA on a square grid
+  tests/test_halo.py tests/test_matmul.py
 )
 
 VENV=${VENV:-.venv}
@@ -90,19 +124,35 @@ leg() {
   fi
 }
 
+# present_files NAME FILE[::TEST]...: sets files to those of the list whose file exists (a missing one is reported)
+present_files() {
+  local list=$1 f
+  shift
+  files=()
+  for f in "$@"; do
+    if [ -e "${f%%::*}" ]; then files+=("$f"); else echo "run_all.sh: $list names $f, which is gone" >&2; fi
+  done
+}
+
+# the 1-rank leg on two xdist workers (whole files each), where pytest-xdist is installed
+xdist=()
+if [ "${XDIST:-1}" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
+  xdist=(-n "${XDIST_WORKERS:-2}" --dist loadfile)
+fi
+
 args=("$@")
-leg "1 rank" timeout "$MPI_TIMEOUT" "$PY" -m pytest -q --with-mpi "${args[@]:-tests}"
+leg "1 rank" timeout "$MPI_TIMEOUT" "$PY" -m pytest -q --durations=25 --with-mpi "${xdist[@]}" "${args[@]:-tests}"
 for n in ${MPI_RANKS:-2 3 4 6}; do
   files=("${args[@]}")
   what=
   if [ ${#args[@]} -eq 0 ]; then
     files=(tests)
     if [ -z "${ALL_FILES:-}" ] && [ "$n" = 6 ]; then
-      files=()
-      for f in "${RANKS6_FILES[@]}"; do
-        if [ -e "$f" ]; then files+=("$f"); else echo "run_all.sh: RANKS6_FILES names $f, which is gone" >&2; fi
-      done
+      present_files RANKS6_FILES "${RANKS6_FILES[@]}"
       what=" (RANKS6_FILES)"
+    elif [ -z "${ALL_FILES:-}" ] && [ "$n" = 4 ]; then
+      present_files RANKS4_FILES "${RANKS4_FILES[@]}"
+      what=" (RANKS4_FILES)"
     elif [ -z "${ALL_FILES:-}" ] && [ "$n" = 3 ]; then
       for f in "${RANKS6_FILES[@]}"; do
         files+=("--ignore=$f")
@@ -112,5 +162,5 @@ for n in ${MPI_RANKS:-2 3 4 6}; do
   fi
   [ ${#files[@]} -gt 0 ] || continue
   leg "$n ranks$what" timeout "$MPI_TIMEOUT" "$MPIEXEC" -n "$n" tests/rank0_stdout.sh \
-    "$PY" -m pytest -q --with-mpi -m mpi "${files[@]}"
+    "$PY" -m pytest -q --durations=25 --with-mpi -m mpi "${files[@]}"
 done

@@ -8,38 +8,38 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, as_numpy, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
-from hpctp.testing import assert_all, assert_allclose
+from hpctp.testing import assert_allclose
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_smaller_operands_broadcast_as_in_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = global_array(SHAPE)
-    prof = np.cos(np.arange(6.0))
-    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
-        x = make_tensor(grid2d, split, skew, backend)
-        rep = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (None,)).to(backend)
-        cut = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (grid2d.ndim - 1,)).to(backend)
-        cases = {
-            "x * x (one operand twice)": (x * x, a * a),
-            "x.mean(0) * x.mean(0)": (x * (x.mean(0) * x.mean(0)), a * (a.mean(0) * a.mean(0))),
-            "x - x.mean(0)": (x - x.mean(0), a - a.mean(0)),
-            "x.mean(0) - x": (x.mean(0) - x, a.mean(0) - a),
-            "x / x.sum((0, 2), keepdims)": (x / x.sum((0, 2), keepdims=True), a / a.sum((0, 2), keepdims=True)),
-            "x * replicated profile": (x * rep, a * prof),
-            "divided profile + x": (cut + x, prof + a),
-            "x - x[0]": (x - x[0], a - a[0]),
-            "np.maximum(x.max(1, keepdims), x)": (np.maximum(x.max(1, keepdims=True), x), np.maximum(a.max(1, keepdims=True), a)),
-            "np.where(x > mean, x, mean)": (np.where(x > x.mean(2, keepdims=True), x, x.mean(2, keepdims=True)), np.where(a > a.mean(2, keepdims=True), a, a.mean(2, keepdims=True))),
-        }  # fmt: skip
-        for what, (got, want) in cases.items():
-            assert_all(grid2d, got.layout == x.layout, f"{what}: the larger operand's layout, got {got.layout}")
-            assert_allclose(
-                grid2d, as_numpy(got.gather(None)), want, rtol=1e-14, atol=1e-13, what=f"{what} {split} {skew}"
-            )
+    with Checks(grid2d) as check:
+        a = global_array(SHAPE)
+        prof = np.cos(np.arange(6.0))
+        for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+            x = make_tensor(grid2d, split, skew, backend)
+            rep = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (None,)).to(backend)
+            cut = hpctp.distribute(prof if grid2d.rank == 0 else None, grid2d, (grid2d.ndim - 1,)).to(backend)
+            cases = {
+                "x * x (one operand twice)": (x * x, a * a),
+                "x.mean(0) * x.mean(0)": (x * (x.mean(0) * x.mean(0)), a * (a.mean(0) * a.mean(0))),
+                "x - x.mean(0)": (x - x.mean(0), a - a.mean(0)),
+                "x.mean(0) - x": (x.mean(0) - x, a.mean(0) - a),
+                "x / x.sum((0, 2), keepdims)": (x / x.sum((0, 2), keepdims=True), a / a.sum((0, 2), keepdims=True)),
+                "x * replicated profile": (x * rep, a * prof),
+                "divided profile + x": (cut + x, prof + a),
+                "x - x[0]": (x - x[0], a - a[0]),
+                "np.maximum(x.max(1, keepdims), x)": (np.maximum(x.max(1, keepdims=True), x), np.maximum(a.max(1, keepdims=True), a)),
+                "np.where(x > mean, x, mean)": (np.where(x > x.mean(2, keepdims=True), x, x.mean(2, keepdims=True)), np.where(a > a.mean(2, keepdims=True), a, a.mean(2, keepdims=True))),
+            }  # fmt: skip
+            for what, (got, want) in cases.items():
+                check.true(got.layout == x.layout, f"{what}: the larger operand's layout, got {got.layout}")
+                check.allclose(as_numpy(got.gather(None)), want, rtol=1e-14, atol=1e-13, what=f"{what} {split} {skew}")
 
 
 @pytest.mark.mpi

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.layouts import make_layout
 
 import hpctp
@@ -256,19 +257,20 @@ def test_fromfunction_equals_numpy(grid3d: hpctp.ProcessGrid) -> None:
 
 @pytest.mark.mpi
 def test_reductions_match_numpy(grid2d: hpctp.ProcessGrid) -> None:
-    for shape in [(7, 5), (3, 2), (1, 6)]:
-        a = _global(shape) ** 2 % 7.3 - 2.0
-        for split in [(0, 1), (1, 0), (None, 0), (1, None), (None, None)]:
-            x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, split)
-            for axis in [None, 0, 1, (0, 1), -1]:
-                for keepdims in (False, True):
-                    for name in ("sum", "mean", "max", "min"):
-                        r = getattr(x, name)(axis=axis, keepdims=keepdims)
-                        ref = getattr(np, name)(a, axis=axis, keepdims=keepdims)
-                        what = f"{name}{shape} split={split} axis={axis} keepdims={keepdims}"
-                        assert_equal(grid2d, r.global_shape, np.shape(ref), what)
-                        assert_allclose(grid2d, r.gather(None), ref, rtol=1e-12, atol=1e-13, what=what)
-            assert_allclose(grid2d, float(x.norm()), np.linalg.norm(a), rtol=1e-12)
+    with Checks(grid2d) as check:
+        for shape in [(7, 5), (3, 2), (1, 6)]:
+            a = _global(shape) ** 2 % 7.3 - 2.0
+            for split in [(0, 1), (1, 0), (None, 0), (1, None), (None, None)]:
+                x = hpctp.distribute(a if grid2d.rank == 0 else None, grid2d, split)
+                for axis in [None, 0, 1, (0, 1), -1]:
+                    for keepdims in (False, True):
+                        for name in ("sum", "mean", "max", "min"):
+                            r = getattr(x, name)(axis=axis, keepdims=keepdims)
+                            ref = getattr(np, name)(a, axis=axis, keepdims=keepdims)
+                            what = f"{name}{shape} split={split} axis={axis} keepdims={keepdims}"
+                            check.equal(r.global_shape, np.shape(ref), what)
+                            check.allclose(r.gather(None), ref, rtol=1e-12, atol=1e-13, what=what)
+                check.allclose(float(x.norm()), np.linalg.norm(a), rtol=1e-12)
 
 
 @pytest.mark.mpi

@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, global_array, make_tensor, splits_for, with_values
 
 import hpctp
@@ -16,23 +17,24 @@ from hpctp.testing import assert_allclose, assert_equal
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_histogram_equals_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    base = np.sin(global_array(SHAPE) * 1.7)
-    data = {
-        "float64": base,
-        "float32": base.astype(np.float32),
-        "int64": (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64),
-        "constant": np.full(SHAPE, 2.5),  # numpy widens an empty range by 0.5 on each side
-    }
-    cases = [{}, {"bins": 7}, {"bins": [-1.0, -0.3, 0.0, 0.1, 1.0, 30.0]}, {"bins": 5, "range": (-0.5, 12)}]
-    cases += [{"bins": 4, "density": True}]
-    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
-        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
-        for kw in cases:
-            what = f"{name} {kw} split={split} skew={skew}"
-            counts, edges = np.histogram(x, **kw)  # type: ignore[call-overload]
-            want, want_edges = np.histogram(a, **kw)  # type: ignore[call-overload]
-            assert_equal(grid2d, edges, want_edges, f"edges {what}")
-            assert_equal(grid2d, counts, want, f"counts {what}")
+    with Checks(grid2d) as check:
+        base = np.sin(global_array(SHAPE) * 1.7)
+        data = {
+            "float64": base,
+            "float32": base.astype(np.float32),
+            "int64": (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64),
+            "constant": np.full(SHAPE, 2.5),  # numpy widens an empty range by 0.5 on each side
+        }
+        cases = [{}, {"bins": 7}, {"bins": [-1.0, -0.3, 0.0, 0.1, 1.0, 30.0]}, {"bins": 5, "range": (-0.5, 12)}]
+        cases += [{"bins": 4, "density": True}]
+        for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
+            x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+            for kw in cases:
+                what = f"{name} {kw} split={split} skew={skew}"
+                counts, edges = np.histogram(x, **kw)  # type: ignore[call-overload]
+                want, want_edges = np.histogram(a, **kw)  # type: ignore[call-overload]
+                check.equal(edges, want_edges, f"edges {what}")
+                check.equal(counts, want, f"counts {what}")
 
 
 @pytest.mark.mpi

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
@@ -84,13 +85,14 @@ def test_plan_refuses_bad_keys() -> None:
 # ---------------------------------------------------------------------------- x[key]
 @pytest.mark.mpi
 def test_getitem_equals_numpy(grid2d: hpctp.ProcessGrid) -> None:
-    a = global_array(SHAPE)
-    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
-        x = make_tensor(grid2d, split, skew)
-        for key in KEYS + REVERSED:
-            y = x[key]
-            assert_equal(grid2d, y.gather(None), a[key], f"split={split} skew={skew} key={key}")
-            assert_all(grid2d, y.layout.global_shape == a[key].shape, f"{key}: {y.layout}")
+    with Checks(grid2d) as check:
+        a = global_array(SHAPE)
+        for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+            x = make_tensor(grid2d, split, skew)
+            for key in KEYS + REVERSED:
+                y = x[key]
+                check.equal(y.gather(None), a[key], f"split={split} skew={skew} key={key}")
+                check.true(y.layout.global_shape == a[key].shape, f"{key}: {y.layout}")
 
 
 @pytest.mark.mpi

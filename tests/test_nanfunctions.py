@@ -9,10 +9,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, as_numpy, global_array, make_tensor, splits_for, with_values
 
 import hpctp
-from hpctp.testing import assert_all, assert_allclose
+from hpctp.testing import assert_allclose
 
 FUNCS = ("nansum", "nanmean", "nanmax", "nanmin", "nanvar", "nanstd")
 
@@ -33,21 +34,24 @@ def _data() -> dict[str, np.ndarray]:
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_nan_reductions_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), _data().items()):
-        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
-        for func, (axis, keepdims) in itertools.product(FUNCS, ((None, False), (2, False), ((0, 1), True), (1, False))):
-            if func in ("nanmax", "nanmin") and name == "complex128":
-                continue  # (no order on complex numbers; max/min refuse them)
-            kw = {"ddof": 1} if func in ("nanvar", "nanstd") and axis == 2 else {}
-            what = f"{name} {func} axis={axis} keepdims={keepdims} {kw} split={split} skew={skew}"
-            with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-                warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of all-NaN slices, as do the blocks
-                got = getattr(np, func)(x, axis=axis, keepdims=keepdims, **kw)
-                want = getattr(np, func)(a, axis=axis, keepdims=keepdims, **kw)
-                g = as_numpy(got.gather(None))
-            assert_all(grid2d, g.shape == np.shape(want) and g.dtype == want.dtype, f"{what}: {g.shape} {g.dtype}")
-            rtol = 1e-5 if name == "float32" else 1e-12
-            assert_allclose(grid2d, g, want, rtol=rtol, atol=1e-12, what=what)  # (NaN where numpy has NaN)
+    with Checks(grid2d) as check:
+        for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), _data().items()):
+            x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+            for func, (axis, keepdims) in itertools.product(
+                FUNCS, ((None, False), (2, False), ((0, 1), True), (1, False))
+            ):
+                if func in ("nanmax", "nanmin") and name == "complex128":
+                    continue  # (no order on complex numbers; max/min refuse them)
+                kw = {"ddof": 1} if func in ("nanvar", "nanstd") and axis == 2 else {}
+                what = f"{name} {func} axis={axis} keepdims={keepdims} {kw} split={split} skew={skew}"
+                with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+                    warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of all-NaN slices, as do the blocks
+                    got = getattr(np, func)(x, axis=axis, keepdims=keepdims, **kw)
+                    want = getattr(np, func)(a, axis=axis, keepdims=keepdims, **kw)
+                    g = as_numpy(got.gather(None))
+                check.true(g.shape == np.shape(want) and g.dtype == want.dtype, f"{what}: {g.shape} {g.dtype}")
+                rtol = 1e-5 if name == "float32" else 1e-12
+                check.allclose(g, want, rtol=rtol, atol=1e-12, what=what)  # (NaN where numpy has NaN)
 
 
 @pytest.mark.mpi

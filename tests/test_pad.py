@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, check_gradient, global_array, make_tensor, splits_for
 
 import hpctp
@@ -38,20 +39,21 @@ def test_runs_spell_out_numpys_rows(mode: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("skew", [False, True])
 def test_pad_equals_numpy(grid2d: hpctp.ProcessGrid, skew: bool) -> None:
-    a = global_array(SHAPE)
-    for split in splits_for(grid2d):
-        x = make_tensor(grid2d, split, skew)
-        for width in WIDTHS:
-            for mode in ["constant", *COPYING]:
-                y = np.pad(x, width, mode=mode)  # numpy's protocol
-                what = f"np.pad({width}, {mode}) split={split} skew={skew}"
-                assert_all(grid2d, isinstance(y, hpctp.DistTensor) and y.split == x.split, f"{what}: split kept")
-                assert_equal(grid2d, y.gather(None), np.pad(a, width, mode=mode), what)
-        values = ((1.5, -2.0), (7.0, 8.0), (np.nan, -np.inf))  # numpy: later dims win the corners
-        y = hpctp.pad(x, ((2, 1), (1, 3), (1, 1)), constant_values=values)
-        assert_equal(grid2d, y.gather(None), np.pad(a, ((2, 1), (1, 3), (1, 1)), constant_values=values), "values")
-        y = hpctp.pad(x, 2, mode="empty")
-        assert_all(grid2d, y.shape == (11, 9, 10), "empty mode: the shape")
+    with Checks(grid2d) as check:
+        a = global_array(SHAPE)
+        for split in splits_for(grid2d):
+            x = make_tensor(grid2d, split, skew)
+            for width in WIDTHS:
+                for mode in ["constant", *COPYING]:
+                    y = np.pad(x, width, mode=mode)  # numpy's protocol
+                    what = f"np.pad({width}, {mode}) split={split} skew={skew}"
+                    check.true(isinstance(y, hpctp.DistTensor) and y.split == x.split, f"{what}: split kept")
+                    check.equal(y.gather(None), np.pad(a, width, mode=mode), what)
+            values = ((1.5, -2.0), (7.0, 8.0), (np.nan, -np.inf))  # numpy: later dims win the corners
+            y = hpctp.pad(x, ((2, 1), (1, 3), (1, 1)), constant_values=values)
+            check.equal(y.gather(None), np.pad(a, ((2, 1), (1, 3), (1, 1)), constant_values=values), "values")
+            y = hpctp.pad(x, 2, mode="empty")
+            check.true(y.shape == (11, 9, 10), "empty mode: the shape")
 
 
 @pytest.mark.mpi

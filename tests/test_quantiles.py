@@ -7,11 +7,12 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, as_numpy, global_array, make_tensor, splits_for, with_values
 
 import hpctp
 from hpctp.tensor.functions.quantiles import from_keys, sortable_keys
-from hpctp.testing import assert_all, assert_equal
+from hpctp.testing import assert_equal
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int64", "int8"])
@@ -30,28 +31,29 @@ def test_keys_sort_as_the_values(dtype: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_quantiles_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    base = np.round(np.sin(global_array(SHAPE) * 1.3) * 4, 1)  # ties across blocks
-    base[0, 0, 0] = -0.0
-    data = {"float64": base, "float32": base.astype(np.float32), "int64": (base * 10).astype(np.int64)}
-    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
-        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
-        for axis, q, keepdims in (
-            (None, 0.3, False),
-            (0, [0.0, 0.25, 0.5, 1.0], False),
-            (-1, 0.9, True),
-            ((0, 2), np.array([0.1, 0.75]), False),
-        ):
-            what = f"{name} quantile q={q} axis={axis} keepdims={keepdims} split={split} skew={skew}"
-            got = np.quantile(x, q, axis=axis, keepdims=keepdims)
-            want = np.quantile(a, q, axis=axis, keepdims=keepdims)
-            ok = got.global_shape == np.shape(want) and np.dtype(as_numpy(got.local).dtype) == want.dtype
-            assert_all(grid2d, ok, f"{what}: shape {got.global_shape}, dtype {got.local.dtype} vs {want.dtype}")
-            assert_equal(grid2d, as_numpy(got.gather(None)), want, what)
-        for axis in (None, 1, (0, 1)):  # even and odd counts
-            want = np.median(a, axis=axis)
-            assert_equal(grid2d, as_numpy(np.median(x, axis=axis).gather(None)), want, f"{name} median axis={axis}")
-        want = np.percentile(a, [5, 50, 95], axis=0)
-        assert_equal(grid2d, as_numpy(np.percentile(x, [5, 50, 95], axis=0).gather(None)), want, f"{name} percentile")
+    with Checks(grid2d) as check:
+        base = np.round(np.sin(global_array(SHAPE) * 1.3) * 4, 1)  # ties across blocks
+        base[0, 0, 0] = -0.0
+        data = {"float64": base, "float32": base.astype(np.float32), "int64": (base * 10).astype(np.int64)}
+        for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
+            x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+            for axis, q, keepdims in (
+                (None, 0.3, False),
+                (0, [0.0, 0.25, 0.5, 1.0], False),
+                (-1, 0.9, True),
+                ((0, 2), np.array([0.1, 0.75]), False),
+            ):
+                what = f"{name} quantile q={q} axis={axis} keepdims={keepdims} split={split} skew={skew}"
+                got = np.quantile(x, q, axis=axis, keepdims=keepdims)
+                want = np.quantile(a, q, axis=axis, keepdims=keepdims)
+                ok = got.global_shape == np.shape(want) and np.dtype(as_numpy(got.local).dtype) == want.dtype
+                check.true(ok, f"{what}: shape {got.global_shape}, dtype {got.local.dtype} vs {want.dtype}")
+                check.equal(as_numpy(got.gather(None)), want, what)
+            for axis in (None, 1, (0, 1)):  # even and odd counts
+                want = np.median(a, axis=axis)
+                check.equal(as_numpy(np.median(x, axis=axis).gather(None)), want, f"{name} median axis={axis}")
+            want = np.percentile(a, [5, 50, 95], axis=0)
+            check.equal(as_numpy(np.percentile(x, [5, 50, 95], axis=0).gather(None)), want, f"{name} percentile")
 
 
 @pytest.mark.mpi

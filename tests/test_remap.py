@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.layouts import layouts
 from helpers.tensors import SHAPE, check_gradient, global_array, make_tensor, splits_for
 from hypothesis import given, settings
@@ -127,21 +128,22 @@ ROLLS = [(1, 0), (-3, 1), (7, 0), ((2, -1), (0, 1)), (13, (0, 1, 2)), ((1, 2), 2
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_flip_and_roll_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    a = global_array(SHAPE)
-    for split, skew in itertools.product(splits_for(grid2d), (False, True)):
-        x = make_tensor(grid2d, split, skew, backend)
-        for axis in FLIPS:
-            y = x.flip(axis)
-            got = y.gather(None)
-            got = got.numpy() if backend == "torch" else got
-            assert_equal(grid2d, got, np.flip(a, axis), f"flip({axis}) split={split} skew={skew}")
-            assert_all(grid2d, y.layout == x.layout, f"flip keeps the layout: {y.layout}")
-        for shift, axis in ROLLS:
-            y = x.roll(shift, axis)
-            got = y.gather(None)
-            got = got.numpy() if backend == "torch" else got
-            assert_equal(grid2d, got, np.roll(a, shift, axis), f"roll({shift}, {axis}) split={split} skew={skew}")
-            assert_all(grid2d, y.layout == x.layout, f"roll keeps the layout: {y.layout}")
+    with Checks(grid2d) as check:
+        a = global_array(SHAPE)
+        for split, skew in itertools.product(splits_for(grid2d), (False, True)):
+            x = make_tensor(grid2d, split, skew, backend)
+            for axis in FLIPS:
+                y = x.flip(axis)
+                got = y.gather(None)
+                got = got.numpy() if backend == "torch" else got
+                check.equal(got, np.flip(a, axis), f"flip({axis}) split={split} skew={skew}")
+                check.true(y.layout == x.layout, f"flip keeps the layout: {y.layout}")
+            for shift, axis in ROLLS:
+                y = x.roll(shift, axis)
+                got = y.gather(None)
+                got = got.numpy() if backend == "torch" else got
+                check.equal(got, np.roll(a, shift, axis), f"roll({shift}, {axis}) split={split} skew={skew}")
+                check.true(y.layout == x.layout, f"roll keeps the layout: {y.layout}")
 
 
 @pytest.mark.mpi

@@ -8,35 +8,37 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, as_numpy, check_gradient, global_array, make_tensor, splits_for, with_values
 
 import hpctp
-from hpctp.testing import assert_all, assert_allclose, assert_equal
+from hpctp.testing import assert_equal
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_cumsum_cumprod_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    base = np.cos(global_array(SHAPE)) + 1.5  # positive: no cancellation, products stay finite
-    data = {
-        "float64": base,
-        "int32": (np.arange(np.prod(SHAPE)).reshape(SHAPE) % 5 - 2).astype(np.int32),
-        "bool": np.sin(global_array(SHAPE)) > 0,
-        "complex128": base * (1 - 0.5j),
-    }
-    for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
-        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
-        for axis, op in itertools.product((0, 1, -1), ("cumsum", "cumprod")):
-            got = getattr(np, op)(x, axis=axis)
-            want = getattr(np, op)(a, axis=axis)
-            what = f"{name} {op} axis={axis} split={split} skew={skew}"
-            ok = got.layout == x.layout and np.dtype(as_numpy(got.local).dtype) == want.dtype
-            assert_all(grid2d, ok, f"{what}: layout kept, dtype {got.local.dtype} (numpy {want.dtype})")
-            assert_allclose(grid2d, as_numpy(got.gather(None)), want, rtol=1e-13, atol=0, what=what)
-    x = with_values(make_tensor(grid2d, (0, 1, None), True, backend), data["float64"])
-    got = x.cumsum(1, dtype="float32")
-    want = np.cumsum(data["float64"], 1, dtype=np.float32)
-    assert_allclose(grid2d, as_numpy(got.gather(None)), want, rtol=1e-6, atol=0, what="cumsum dtype=float32")
+    with Checks(grid2d) as check:
+        base = np.cos(global_array(SHAPE)) + 1.5  # positive: no cancellation, products stay finite
+        data = {
+            "float64": base,
+            "int32": (np.arange(np.prod(SHAPE)).reshape(SHAPE) % 5 - 2).astype(np.int32),
+            "bool": np.sin(global_array(SHAPE)) > 0,
+            "complex128": base * (1 - 0.5j),
+        }
+        for split, skew, (name, a) in itertools.product(splits_for(grid2d), (False, True), data.items()):
+            x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+            for axis, op in itertools.product((0, 1, -1), ("cumsum", "cumprod")):
+                got = getattr(np, op)(x, axis=axis)
+                want = getattr(np, op)(a, axis=axis)
+                what = f"{name} {op} axis={axis} split={split} skew={skew}"
+                ok = got.layout == x.layout and np.dtype(as_numpy(got.local).dtype) == want.dtype
+                check.true(ok, f"{what}: layout kept, dtype {got.local.dtype} (numpy {want.dtype})")
+                check.allclose(as_numpy(got.gather(None)), want, rtol=1e-13, atol=0, what=what)
+        x = with_values(make_tensor(grid2d, (0, 1, None), True, backend), data["float64"])
+        got = x.cumsum(1, dtype="float32")
+        want = np.cumsum(data["float64"], 1, dtype=np.float32)
+        check.allclose(as_numpy(got.gather(None)), want, rtol=1e-6, atol=0, what="cumsum dtype=float32")
 
 
 @pytest.mark.mpi

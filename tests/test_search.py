@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers.checks import Checks
 from helpers.tensors import SHAPE, as_numpy, global_array, make_tensor, splits_for, with_values
 
 import hpctp
@@ -17,23 +18,24 @@ from hpctp.testing import assert_all, assert_allclose, assert_equal
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_argmax_argmin_equal_numpy(grid2d: hpctp.ProcessGrid, backend: str) -> None:
-    ties = np.round(np.sin(global_array(SHAPE)) * 2)  # many equal extremes: the first one counts
-    nans = np.cos(global_array(SHAPE))
-    nans[3, 1, 4] = nans[5, 0, 0] = np.nan  # a NaN is the extreme, as in numpy
-    ints = (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64)
-    for split, skew, (name, a) in itertools.product(
-        splits_for(grid2d), (False, True), (("ties", ties), ("nans", nans), ("ints", ints))
-    ):
-        x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
-        for axis, keepdims in itertools.product((None, 0, 1, -1), (False, True)):
-            for op in ("argmax", "argmin"):
-                got = getattr(x, op)(axis, keepdims)
-                want = getattr(np, op)(a, axis=axis, keepdims=keepdims)
-                what = f"{name} {op} axis={axis} keepdims={keepdims} split={split} skew={skew}"
-                assert_all(grid2d, got.global_shape == np.shape(want), f"{what}: shape {got.global_shape}")
-                assert_equal(grid2d, as_numpy(got.gather(None)).astype(np.int64), np.asarray(want), what)
-        assert_all(grid2d, int(np.argmax(x)) == int(np.argmax(a)), f"{name}: np.argmax dispatch")
-        assert_equal(grid2d, as_numpy(np.argmin(x, axis=2).gather(None)), np.argmin(a, axis=2), f"{name}: np.argmin")
+    with Checks(grid2d) as check:
+        ties = np.round(np.sin(global_array(SHAPE)) * 2)  # many equal extremes: the first one counts
+        nans = np.cos(global_array(SHAPE))
+        nans[3, 1, 4] = nans[5, 0, 0] = np.nan  # a NaN is the extreme, as in numpy
+        ints = (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7919 % 23).astype(np.int64)
+        for split, skew, (name, a) in itertools.product(
+            splits_for(grid2d), (False, True), (("ties", ties), ("nans", nans), ("ints", ints))
+        ):
+            x = with_values(make_tensor(grid2d, split, skew, backend).astype(a.dtype), a)
+            for axis, keepdims in itertools.product((None, 0, 1, -1), (False, True)):
+                for op in ("argmax", "argmin"):
+                    got = getattr(x, op)(axis, keepdims)
+                    want = getattr(np, op)(a, axis=axis, keepdims=keepdims)
+                    what = f"{name} {op} axis={axis} keepdims={keepdims} split={split} skew={skew}"
+                    check.true(got.global_shape == np.shape(want), f"{what}: shape {got.global_shape}")
+                    check.equal(as_numpy(got.gather(None)).astype(np.int64), np.asarray(want), what)
+            check.true(int(np.argmax(x)) == int(np.argmax(a)), f"{name}: np.argmax dispatch")
+            check.equal(as_numpy(np.argmin(x, axis=2).gather(None)), np.argmin(a, axis=2), f"{name}: np.argmin")
 
 
 @pytest.mark.mpi
