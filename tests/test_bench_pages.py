@@ -4,16 +4,15 @@ results file valid and shown by its page, every page in the benchmarks' toctree,
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import struct
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT / "docs" / "benchmarks"
@@ -25,16 +24,7 @@ NAMES = {
 }  # fmt: skip
 
 
-def _module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-plots = _module("bench_plots_under_test", ROOT / "benchmarks" / "plots.py")
+plots = load_script("benchmarks/plots.py", "bench_plots_under_test")
 
 
 def _results() -> dict[str, Any]:

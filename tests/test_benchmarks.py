@@ -3,7 +3,6 @@ and the CPU benchmarks on 2 ranks, each printing its ratio against the reference
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,12 +87,7 @@ JSON = {"conv.py", "fno.py", "fft.py", "stencil.py", "matmul.py"}
 
 
 def _plots() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_plots_of_test_benchmarks", ROOT / "benchmarks" / "plots.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/plots.py", "bench_plots_of_test_benchmarks")
 
 
 @pytest.mark.timeout(200)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers.scripts import load_script
 from mpi4py import MPI
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -944,13 +945,7 @@ def test_predicted_state_equals_sharded_data_parallel() -> None:
 
 def _planner_benchmark() -> Any:
     """benchmarks/planner.py as a module (its measurement of a plan, its repeatability)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script("benchmarks/planner.py", "planner_benchmark")
 
 
 @pytest.mark.mpi(min_size=2)
