@@ -1058,9 +1058,10 @@ def test_search_of_4096_ranks_is_fast() -> None:
     work = trace(inputs["builder"], inputs["sample"], recompute=False, device="meta")
     import time
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # (this process's CPU time: the suite's other xdist worker shares the cores)
     report = plan(work, ranks=4096, memory="80GiB", machine="h100-ndr", recompute=False)
-    assert time.perf_counter() - t0 < 30 and len(report.ranked) + len(report.infeasible) > 1000
+    seconds = time.process_time() - t0
+    assert seconds < 30 and len(report.ranked) + len(report.infeasible) > 1000, (seconds, len(report.ranked))
     best = report.best
     assert best.memory.total <= 80 * 2**30 and math.isfinite(best.time.total)
 
