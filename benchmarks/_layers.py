@@ -195,13 +195,7 @@ def results(
     t, peak, cpu = table[:, 0].max(), table[:, 2].max(), table[:, 4].sum()
     hp, torch_name = f"hpctp, {ranks} ranks", f"{reference}, 1 process"
     return {
-        "benchmark": benchmark,
-        "title": title,
-        "command": plots.command(f"benchmarks/{benchmark}.py", sys.argv[1:], ranks),
-        "script": f"benchmarks/{benchmark}.py",
-        "machine": plots.machine(f"hpctp 1 thread per rank, {reference} {threads} threads"),
-        "date": plots.today(),
-        "measures": measures,
+        **plots.header(benchmark, title, ranks, f"hpctp 1 thread per rank, {reference} {threads} threads", measures),
         "tables": [
             {
                 "caption": caption,

@@ -90,22 +90,18 @@ def _write_json(
     args: argparse.Namespace, grid: hpctp.ProcessGrid, times: tuple[float, float, float], sent: Any
 ) -> None:
     """Rank 0: this run's figures as a results file of the docs' benchmark pages (benchmarks/plots.py)."""
-    import sys
 
     import plots
 
     t_same, t_any, t_ref = times
     n, dims = args.size, "×".join(map(str, grid.dims))
-    results = {
-        "benchmark": "fft",
-        "title": "FFT",
-        "command": plots.command("benchmarks/fft.py", sys.argv[1:], grid.size),
-        "script": "benchmarks/fft.py",
-        "machine": plots.machine("1 thread per rank"),
-        "date": plots.today(),
-        "measures": f"`hpctp.fft.rfftn` of a {n}³ float64 field split into pencils (best of {args.reps} after a "
+    measures = (
+        f"`hpctp.fft.rfftn` of a {n}³ float64 field split into pencils (best of {args.reps} after a "
         'warm-up, the slowest rank), with the result in the input\'s layout and with `out_split="any"`, and the '
-        "bytes each rank sends, against `numpy.fft.rfftn` of the whole field in one process, in the same run.",
+        "bytes each rank sends, against `numpy.fft.rfftn` of the whole field in one process, in the same run."
+    )
+    results = {
+        **plots.header("fft", "FFT", grid.size, "1 thread per rank", measures),
         "tables": [
             {
                 "caption": f"rfftn of a {n}³ float64 field ({n**3 * 8 / 2**20:.0f} MiB), {grid.size} ranks (pencils "

@@ -217,16 +217,13 @@ def _write_json(path: str, rows: list[tuple], size: int, heat: str | None) -> No
     sizes = [r[0] for r in rows]
     heat_text = f"; Heat {heat}" if heat else ""
     against_heat = " and against Heat's `ht.matmul` on the same ranks" if heat else ""
-    results = {
-        "benchmark": "matmul",
-        "title": "Matmul",
-        "command": plots.command("benchmarks/matmul.py", sys.argv[1:], size),
-        "script": "benchmarks/matmul.py",
-        "machine": plots.machine(f"1 BLAS thread per rank{heat_text}"),
-        "date": plots.today(),
-        "measures": f"The product of two n × n float64 matrices (best of the timed runs after a warm-up, the slowest "
+    measures = (
+        f"The product of two n × n float64 matrices (best of the timed runs after a warm-up, the slowest "
         f"rank): hpctp's SUMMA on {size} ranks against numpy's `A @ B` in one process with 1 and with {size} BLAS "
-        f"threads{against_heat}, in the same run; the result is checked against numpy.",
+        f"threads{against_heat}, in the same run; the result is checked against numpy."
+    )
+    results = {
+        **plots.header("matmul", "Matmul", size, f"1 BLAS thread per rank{heat_text}", measures),
         "tables": [
             {
                 "caption": "n × n float64 matrix product; efficiency = GFLOP/s / (P × numpy's 1-thread GFLOP/s)",

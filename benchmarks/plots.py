@@ -298,6 +298,25 @@ def today() -> str:
     return datetime.date.today().isoformat()
 
 
+def header(benchmark: str, title: str, ranks: int | None, threads: str, measures: str) -> dict[str, Any]:
+    """Local. The keys of a results file that a benchmark script's run fills in the same way everywhere: the
+    ``benchmark`` and ``title``, the ``command`` of this run (:func:`command` of ``sys.argv``), the ``script``
+    (``benchmarks/BENCHMARK.py``), the ``machine`` (:func:`machine` with ``threads``), today's ``date`` and what it
+    ``measures``; the script adds its ``tables`` and ``plots``."""
+    import sys
+
+    script = f"benchmarks/{benchmark}.py"
+    return {
+        "benchmark": benchmark,
+        "title": title,
+        "command": command(script, sys.argv[1:], ranks),
+        "script": script,
+        "machine": machine(threads),
+        "date": today(),
+        "measures": measures,
+    }
+
+
 def dump(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Local. Validate ``results`` and write it as a results file (2-space JSON, each list of scalars on one line).
 

@@ -109,7 +109,6 @@ def main() -> None:
 
 def _write_json(args: argparse.Namespace, grid: hpctp.ProcessGrid, per_step: list[float], sent: np.ndarray) -> None:
     """Rank 0: this run's figures as a results file of the docs' benchmark pages (benchmarks/plots.py)."""
-    import sys
 
     import plots
 
@@ -120,17 +119,14 @@ def _write_json(args: argparse.Namespace, grid: hpctp.ProcessGrid, per_step: lis
         f"hpctp `np.roll` on a DistTensor, {p} ranks",
         f"hpctp `HaloExchange`, {p} ranks",
     ]
-    results = {
-        "benchmark": "stencil",
-        "title": "Stencil",
-        "command": plots.command("benchmarks/stencil.py", sys.argv[1:], p),
-        "script": "benchmarks/stencil.py",
-        "machine": plots.machine("1 thread per rank"),
-        "date": plots.today(),
-        "measures": f"{args.steps} explicit periodic 5-point heat steps on a {n}² float64 field "
+    measures = (
+        f"{args.steps} explicit periodic 5-point heat steps on a {n}² float64 field "
         f"({n * n * 8 / 2**20:.0f} MiB), best of {args.reps} after a warm-up, the slowest rank: numpy's `np.roll` "
         f"code in one process against the same code on a DistTensor on {p} ranks and against a periodic "
-        "`HaloExchange` of width 1 on the blocks, in the same run.",
+        "`HaloExchange` of width 1 on the blocks, in the same run."
+    )
+    results = {
+        **plots.header("stencil", "Stencil", p, "1 thread per rank", measures),
         "tables": [
             {
                 "caption": f"Periodic 5-point heat step on a {n}² float64 field",
