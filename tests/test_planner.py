@@ -614,26 +614,34 @@ def test_ranks_sharing_cores_lend_them_to_the_data_groups_with_more_samples(vit_
 def test_the_host_work_is_counted_in_small_operators_timed_beside_it(vit_work: Any, monkeypatch: Any) -> None:
     """The trace counts a step's host work in small operators timed just before each step, in this thread's CPU
     time, so a machine three times slower (here: a CPU clock three times fast) counts about the same work, where
-    seconds would read three times as many (the planner prices each count at the machine's seconds per kernel), and
-    processes sharing the cores do not move it. Compared as each setting's whole step (its forward, backward and
-    optimizer step), within 1.5x (beside two processes computing: 1.0-1.1x)."""
+    seconds would read three times as many (the planner prices each count at the machine's seconds per kernel).
+    Compared as each setting's whole step (its forward, backward and optimizer step), the median of three counts of
+    each clock taken in turn, so that what the other processes on the cores do moves both alike: within 1.5x
+    (measured 0.9-1.1x; one count of each, taken a minute apart beside another test worker, read up to 1.7x)."""
     from hpctp.perf.workload import _free, _host_operations, _probe_plan
 
     cfg = load_config(str(ROOT / "apps/configs/vit.toml"), ["train.batch_size=8", "surrogate.heads=4"])
     inputs = autoplan.planning_inputs(cfg)
-    plain = vit_work.host  # (the same model and sample, traced at the module's start)
     real = time.thread_time
-    monkeypatch.setattr(time, "thread_time", lambda: 3.0 * real())
-    probe = _probe_plan(len(inputs["sample"].field), vit_work.tensor_capable)
-    try:
-        slow = _host_operations(inputs["builder"], probe, inputs["sample"], vit_work.probe_field, None)
-    finally:
-        monkeypatch.undo()
-        _free(probe)
+
+    def counts() -> Any:
+        probe = _probe_plan(len(inputs["sample"].field), vit_work.tensor_capable)
+        try:
+            return _host_operations(inputs["builder"], probe, inputs["sample"], vit_work.probe_field, None)
+        finally:
+            _free(probe)
+
+    plain, slow = [], []
+    for _ in range(3):
+        plain.append(counts())
+        with monkeypatch.context() as m:
+            m.setattr(time, "thread_time", lambda: 3.0 * real())
+            slow.append(counts())
     for zero in range(4):
-        here, there = sum(plain[(False, zero)]), sum(slow[(False, zero)])
+        here = float(np.median([sum(c[(False, zero)]) for c in plain]))
+        there = float(np.median([sum(c[(False, zero)]) for c in slow]))
         assert here > 300, plain  # (a step of this ViT: about 1,500 operators' worth)
-        assert here / 1.5 < there < 1.5 * here, (zero, plain[(False, zero)], slow[(False, zero)])
+        assert here / 1.5 < there < 1.5 * here, (zero, here, there)
 
 
 def _adds(t: torch.Tensor, n: int) -> None:
