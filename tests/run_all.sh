@@ -77,6 +77,13 @@ RANKS4_FILES=(
   tests/test_fft.py::test_messages_are_one_alltoallv_per_move
   # (c) halos with one neighbour in every direction, SUMMA on a square grid
   tests/test_halo.py tests/test_matmul.py
+  # (d) the virtual grid against the real one, on 2 and 4 ranks only (RANKS24_FILES)
+  tests/test_virtual_grid.py tests/test_virtual_spatial.py tests/test_virtual_transformer.py tests/test_virtual_parallel.py
+)
+# Files on 1, 2 and 4 ranks only: each compares every layer's messages on a virtual grid with a real run, whose
+# 3-rank grids (3x1, 1x3) add uneven cuts the layers' own files test on 3 and 6 ranks.
+RANKS24_FILES=(
+  tests/test_virtual_grid.py tests/test_virtual_spatial.py tests/test_virtual_transformer.py tests/test_virtual_parallel.py
 )
 
 VENV=${VENV:-.venv}
@@ -154,10 +161,10 @@ for n in ${MPI_RANKS:-2 3 4 6}; do
       present_files RANKS4_FILES "${RANKS4_FILES[@]}"
       what=" (RANKS4_FILES)"
     elif [ -z "${ALL_FILES:-}" ] && [ "$n" = 3 ]; then
-      for f in "${RANKS6_FILES[@]}"; do
+      for f in "${RANKS6_FILES[@]}" "${RANKS24_FILES[@]}"; do
         files+=("--ignore=$f")
       done
-      what=" (files not on 6)"
+      what=" (files not on 6, nor RANKS24_FILES)"
     fi
   fi
   [ ${#files[@]} -gt 0 ] || continue

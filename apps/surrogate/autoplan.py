@@ -35,7 +35,7 @@ from .models import build_model
 from .parallel import CHAINS, checkpoint_layers
 from .vit import _Embed, _GlobalAttention
 
-__all__ = ["CHANNELS", "planning_inputs", "sample_of", "choose", "apply", "PLAN_KEYS"]
+__all__ = ["CHANNELS", "MODEL_KEYS", "check_keys", "planning_inputs", "sample_of", "choose", "apply", "PLAN_KEYS"]
 
 CHANNELS = {"grayscott": 2, "navier_stokes": 1}
 """Fields of the state per simulation (``simulation.pde``)."""
@@ -46,8 +46,43 @@ RING_EXACT = 64
 ones from the blocks' sizes alone (the plan's cost grows with the ring)."""
 
 
+MODEL_KEYS = {"fno": ("width", "depth", "modes"), "cnn": ("width", "depth"), "unet": ("width", "levels"), "vit": ()}
+"""The ``[surrogate]`` keys each model is built from without a default (:func:`apps.surrogate.models.build_model`)."""
+
+
+def check_keys(cfg: dict[str, Any]) -> None:
+    """Local. That ``cfg`` has what :func:`sample_of` and the model builder read.
+
+    Raises
+    ------
+    ValueError
+        Naming the first key missing (or the unknown ``simulation.pde``) and the file to copy it from.
+    """
+    like = "see apps/configs/default.toml"
+    for section in ("simulation", "surrogate", "train"):
+        if not isinstance(cfg.get(section), dict):
+            raise ValueError(f"the config has no [{section}] section ({like})")
+    model = cfg["surrogate"].get("model")
+    if model not in MODEL_KEYS:
+        raise ValueError(f"surrogate.model must be one of {tuple(MODEL_KEYS)}, got {model!r}")
+    needed = [("simulation", "size"), ("train", "batch_size"), ("surrogate", "dtype"), ("surrogate", "seed")]
+    for section, key in needed + [("surrogate", k) for k in MODEL_KEYS[model]]:
+        if key not in cfg[section]:
+            raise ValueError(f"the config has no {section}.{key} (the {model!r} model needs it; {like})")
+    pde = cfg["simulation"].get("pde", "grayscott")
+    if pde not in CHANNELS:
+        raise ValueError(f"simulation.pde must be one of {tuple(CHANNELS)}, got {pde!r}")
+
+
 def sample_of(cfg: dict[str, Any]) -> Sample:
-    """Local. The global batch of one training step of ``cfg``: ``(batch_size, channels, *simulation.size)``."""
+    """Local. The global batch of one training step of ``cfg``: ``(batch_size, channels, *simulation.size)``.
+
+    Raises
+    ------
+    ValueError
+        On a config that lacks a key it reads (:func:`check_keys`).
+    """
+    check_keys(cfg)
     s, sim = cfg["surrogate"], cfg["simulation"]
     vit = s["model"] == "vit"
     return Sample(
@@ -58,7 +93,13 @@ def sample_of(cfg: dict[str, Any]) -> Sample:
 
 
 def planning_inputs(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Local. ``{"builder", "sample", "recompute"}`` for :func:`hpctp.perf.plan` from a surrogate config."""
+    """Local. ``{"builder", "sample", "recompute"}`` for :func:`hpctp.perf.plan` from a surrogate config.
+
+    Raises
+    ------
+    ValueError
+        On a config that lacks a key the model is built from (:func:`check_keys`).
+    """
     s = cfg["surrogate"]
     sample = sample_of(cfg)
 

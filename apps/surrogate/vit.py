@@ -67,7 +67,11 @@ def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 
 
 def sincos_position(
-    embed: int, sizes: tuple[int, int], ranges: tuple[tuple[int, int], tuple[int, int]], dtype: torch.dtype
+    embed: int,
+    sizes: tuple[int, int],
+    ranges: tuple[tuple[int, int], tuple[int, int]],
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Local. The fixed positional embedding of the tokens ``ranges`` of an ``sizes`` token grid.
 
@@ -84,6 +88,8 @@ def sincos_position(
     ranges : ((int, int), (int, int))
         Global ``(start, stop)`` of this block's tokens per spatial dim.
     dtype : torch.dtype
+    device : torch.device or str, optional
+        Where to compute it (default: torch's default device); the block it is added to's.
 
     Returns
     -------
@@ -92,10 +98,10 @@ def sincos_position(
     """
     m = embed // 4
     (r0, r1), (c0, c1) = ranges
-    out = torch.zeros(r1 - r0, c1 - c0, embed, dtype=torch.float64)
+    out = torch.zeros(r1 - r0, c1 - c0, embed, dtype=torch.float64, device=device)
     for d, ((lo, hi), n) in enumerate(zip(ranges, sizes)):
-        k = 1 + torch.arange(m, dtype=torch.float64) % max(n // 2, 1)
-        phase = 2 * math.pi * torch.arange(lo, hi, dtype=torch.float64).unsqueeze(1) * k / n  # [tokens, m]
+        k = 1 + torch.arange(m, dtype=torch.float64, device=device) % max(n // 2, 1)
+        phase = 2 * math.pi * torch.arange(lo, hi, dtype=torch.float64, device=device).unsqueeze(1) * k / n
         shape = (-1, 1, m) if d == 0 else (1, -1, m)
         out[..., 2 * d * m : (2 * d + 1) * m] = torch.sin(phase).reshape(shape)
         out[..., (2 * d + 1) * m : (2 * d + 2) * m] = torch.cos(phase).reshape(shape)
@@ -540,7 +546,7 @@ class _Embed(torch.nn.Module):
             self._check(tuple(x.shape))
             t = self.proj(x)
             sizes = (t.shape[2], t.shape[3])
-            return x, t + _position(self.embed_dim, sizes, ((0, sizes[0]), (0, sizes[1])), t.dtype)
+            return x, t + _position(self.embed_dim, sizes, ((0, sizes[0]), (0, sizes[1])), t.dtype, t.device)
         grid = self.grid
         if grid is None:
             raise TypeError("the one-process ViT (grid=None) takes a torch.Tensor, got a DistTensor")
@@ -552,12 +558,15 @@ class _Embed(torch.nn.Module):
         t = self.proj(xa)  # DistTensor token field [N, E, rows, cols]
         lr = t.layout.local_ranges(grid.coords)
         sizes = (t.layout.global_shape[2], t.layout.global_shape[3])
-        return x, t.with_local(t.local + _position(self.embed_dim, sizes, (lr[2], lr[3]), t.local.dtype))
+        local = t.local
+        return x, t.with_local(local + _position(self.embed_dim, sizes, (lr[2], lr[3]), local.dtype, local.device))
 
 
-def _position(embed: int, sizes: tuple[int, int], ranges: Any, dtype: torch.dtype) -> torch.Tensor:
-    """Local. :func:`sincos_position` channels first (``[E, rows, cols]``)."""
-    return sincos_position(embed, sizes, ranges, dtype).movedim(-1, 0)
+def _position(
+    embed: int, sizes: tuple[int, int], ranges: Any, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Local. :func:`sincos_position` channels first (``[E, rows, cols]``) on ``device``."""
+    return sincos_position(embed, sizes, ranges, dtype, device).movedim(-1, 0)
 
 
 class _TokenNorm(torch.nn.LayerNorm):

@@ -19,6 +19,7 @@ __all__ = [
     "backend_name",
     "is_torch",
     "is_cupy",
+    "shape_only",
     "is_device",
     "check_array",
     "broadcasts_to",
@@ -52,6 +53,17 @@ def is_torch(x: object) -> bool:
     """Local. True for a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def shape_only(x: object) -> bool:
+    """Local. True for a torch tensor that holds no values: on ``meta``, or a fake tensor (``FakeTensorMode``), as
+    in a dry run on a virtual grid or :func:`hpctp.perf.trace`; code that reads values takes its shape-only path."""
+    if not is_torch(x):
+        return False
+    if x.device.type == "meta":  # type: ignore[attr-defined]
+        return True
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    return fake is not None and isinstance(x, fake.FakeTensor)
 
 
 def is_cupy(x: object) -> bool:

@@ -25,14 +25,17 @@ from .collectives import (
     slowest_seconds,
     waitall,
 )
-from .counter import CommCounter, record
+from .counter import Call, CallLog, CommCounter, record
 from .cuda import cuda_aware, cuda_aware_reason
 from .device import current_device, gpu_count, local_rank, select_device, use_device
 from .grid import ProcessGrid, check_grid
 from .groups import free_comm, iprobe, split_comm
 from .summa_calls import ireduce, reduce
+from .virtual import VirtualComm, is_virtual, virtual_world
 
 __all__ = [
+    "Call",
+    "CallLog",
     "CommCounter",
     "Pending",
     "ProcessGrid",
@@ -74,5 +77,8 @@ __all__ = [
     "synchronize",
     "trace_label",
     "use_device",
+    "VirtualComm",
+    "is_virtual",
+    "virtual_world",
     "waitall",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util.backend import Array, backend_name, byte_view, is_device, is_torch, numpy_dtype
+from .._util.backend import Array, backend_name, byte_view, is_device, is_torch, numpy_dtype, shape_only
 from .cuda import cuda_aware
 
 __all__ = ["host_buffer", "mpi_buffer", "nbytes", "reduction_buffer", "staging_pool", "synchronize"]
@@ -132,6 +132,9 @@ def mpi_buffer(x: Array, *, read: bool = True, write: bool = False) -> Iterator[
         return
     if name == "torch" and not x.is_contiguous():
         raise ValueError("MPI buffers must be contiguous tensors; call .contiguous()")
+    if name == "torch" and shape_only(x):  # (shapes only: a virtual grid's messages, which move nothing)
+        yield x
+        return
     if name == "cupy" and not x.flags.c_contiguous:
         raise ValueError("MPI buffers must be C-contiguous; use cupy.ascontiguousarray")
     if name == "torch" and not is_device(x):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["CommCounter", "record", "record_allocation"]
+__all__ = ["Call", "CallLog", "CommCounter", "record", "record_allocation"]
 
-_active: list[CommCounter] = []
+_active: list[CommCounter | CallLog] = []
 
 
 @dataclass
@@ -76,7 +76,7 @@ class CommCounter:
         """Number of calls per operation name (e.g. ``"Alltoallv"``)."""
         return dict(self.total.calls)
 
-    def _add(self, comm_name: str, op: str, sent: int, recv: int, messages: int) -> None:
+    def _add(self, comm: Any, comm_name: str, op: str, sent: int, recv: int, messages: int, peer: int) -> None:  # noqa: ARG002
         for s in (self.total, self.per_comm[comm_name]):
             s.bytes_sent += sent
             s.bytes_recv += recv
@@ -97,17 +97,70 @@ class CommCounter:
         )
 
 
-def record(comm: Any, op: str, sent: int = 0, recv: int = 0, messages: int = 0) -> None:
-    """Local. Add one MPI call's logical payload to every active :class:`CommCounter`."""
+class Call(NamedTuple):
+    """Local. One data-moving call of :mod:`hpctp.comm` as this rank made it (see :class:`CommCounter` for the
+    conventions of ``sent``, ``recv`` and ``messages``)."""
+
+    op: str
+    """The MPI operation (``"Allreduce"``, ``"Isend"``, ...)."""
+    comm: str
+    """The communicator's name (``"hpctp.grid.axis0"``, ...)."""
+    size: int
+    """Its ranks."""
+    sent: int
+    recv: int
+    messages: int
+    peer: int
+    """The other rank of a point-to-point call (in ``comm``), else -1."""
+    members: tuple[int, ...]
+    """The world ranks of the communicator on a virtual grid (:mod:`hpctp.comm.virtual`), else ``()``."""
+
+
+class CallLog:
+    """Local. Context manager that keeps every data-moving call hpctp makes on this rank, in order, as a
+    :class:`Call` (what :class:`CommCounter` sums): on a virtual grid, the messages a rank of any grid sends,
+    which :mod:`hpctp.perf` prices.
+
+    Examples
+    --------
+    >>> import torch, hpctp
+    >>> grid = hpctp.ProcessGrid.virtual((4096,), rank=7)
+    >>> with CallLog() as log:
+    ...     _ = hpctp.comm.allreduce(grid.comm, torch.empty(1000, device="meta"))
+    >>> [(c.op, c.size, c.sent) for c in log.calls]
+    [('Allreduce', 4096, 4000)]
+    >>> grid.free()
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+
+    def _add(self, comm: Any, comm_name: str, op: str, sent: int, recv: int, messages: int, peer: int) -> None:
+        members = getattr(comm, "members", ())
+        self.calls.append(Call(op, comm_name, comm.Get_size(), sent, recv, messages, peer, members))
+
+    def __enter__(self) -> CallLog:
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _active.remove(self)
+
+
+def record(comm: Any, op: str, sent: int = 0, recv: int = 0, messages: int = 0, peer: int = -1) -> None:
+    """Local. Add one MPI call's logical payload to every active :class:`CommCounter` and :class:`CallLog`
+    (``peer``: the other rank of a point-to-point call)."""
     if not _active:
         return
     name = comm.Get_name() or "unnamed"
     for c in _active:
-        c._add(name, op, int(sent), int(recv), int(messages))
+        c._add(comm, name, op, int(sent), int(recv), int(messages), int(peer))
 
 
 def record_allocation(nbytes: int) -> None:
     """Local. Count one newly allocated communication buffer of ``nbytes`` in every active :class:`CommCounter`."""
     for c in _active:
+        if isinstance(c, CallLog):
+            continue
         c.allocations += 1
         c.allocated_bytes += int(nbytes)

@@ -14,6 +14,7 @@ from ..layout import grid_coords
 from . import trace as T
 from .agree import agree_arguments
 from .env import environment_error
+from .virtual import VirtualComm, is_virtual, virtual_world
 
 _C = TypeVar("_C")
 
@@ -149,6 +150,47 @@ class ProcessGrid:
             self._subs[axis] = sub
         T.grid_built(self)  # the first grid arms HPCTP_CHECK and starts the watchdog (hpctp.debug)
 
+    @classmethod
+    def virtual(cls, dims: Sequence[int], rank: int = 0, periods: Sequence[bool] | None = None) -> ProcessGrid:
+        """Local. A grid of ``prod(dims)`` virtual ranks, of which this process plays ``rank``.
+
+        Nothing runs on the other ranks: the grid's communicators are :class:`~hpctp.comm.virtual.VirtualComm`
+        objects, on which every call of :mod:`hpctp.comm` returns at once without moving data and is
+        counted as on MPI (:class:`~hpctp.comm.CommCounter`, :class:`~hpctp.comm.CallLog`). Run a layer or
+        a training step on it, on ``meta`` tensors, to see what rank ``rank`` of that grid sends and holds,
+        for any number of ranks (:mod:`hpctp.comm.virtual`).
+
+        Parameters
+        ----------
+        dims : sequence of int
+            Grid shape, every entry ``>= 1``.
+        rank : int
+            The rank this process plays (row-major over ``dims``).
+        periods : sequence of bool, optional
+            Periodicity per axis.
+
+        Returns
+        -------
+        ProcessGrid
+
+        Raises
+        ------
+        ValueError
+            If a dim is not a positive int or ``rank`` is not a rank of the grid.
+        """
+        try:
+            shape = [int(d) for d in dims]
+        except (TypeError, ValueError):
+            raise ValueError(f"dims={dims!r}: a virtual grid needs a sequence of positive ints") from None
+        if not shape or any(d < 1 for d in shape):
+            raise ValueError(f"dims={tuple(shape)}: a virtual grid needs every dim >= 1 (nothing for MPI to choose)")
+        return cls(shape, comm=virtual_world(math.prod(shape), rank), periods=periods)
+
+    @property
+    def is_virtual(self) -> bool:
+        """Local. True for a grid of :meth:`virtual` ranks."""
+        return is_virtual(self.comm)
+
     # ------------------------------------------------------------------ local queries
     def sub(self, axis: int) -> MPI.Cartcomm:
         """Local. The communicator of the ranks that differ from this one only along ``axis``.
@@ -194,7 +236,7 @@ class ProcessGrid:
         if cached is not None:
             return cached
         made: MPI.Intracomm
-        if key:
+        if key or is_virtual(self.comm):
             made = _created(self.comm, "Cart_sub", lambda: self.comm.Sub([a in key for a in range(self.ndim)]))
         else:  # (some MPICH versions give COMM_NULL for a Cart_sub that keeps no dims)
             made = _created(self.comm, "Comm_split", lambda: self.comm.Split(self.rank, 0))  # type: ignore[assignment]
@@ -260,6 +302,9 @@ class ProcessGrid:
         """Local. True if ``other`` holds the same processes with the same ranks as this grid
         (``MPI.Comm.Compare`` is identical or congruent), whatever the two grids' shapes: a
         tensor can then move from one to the other (:meth:`hpctp.DistTensor.redistribute`)."""
+        if is_virtual(self.comm) or is_virtual(other.comm):
+            a, b = self.comm, other.comm
+            return isinstance(a, VirtualComm) and isinstance(b, VirtualComm) and a.members == b.members
         if self.comm == MPI.COMM_NULL or other.comm == MPI.COMM_NULL:
             return False
         return MPI.Comm.Compare(self.comm, other.comm) in (MPI.IDENT, MPI.CONGRUENT)

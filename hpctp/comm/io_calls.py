@@ -46,7 +46,7 @@ def wait_turn(comm: MPI.Intracomm, tag: int = TURN_TAG) -> bool:
     comm.Recv(token, source=rank - 1, tag=tag)
     if e is not None:
         T.end(e)
-    record(comm, "Recv", 0, token.nbytes, 0)
+    record(comm, "Recv", 0, token.nbytes, 0, rank - 1)
     return bool(token[0])
 
 
@@ -69,7 +69,7 @@ def pass_turn(comm: MPI.Intracomm, ok: bool, tag: int = TURN_TAG) -> None:
     comm.Send(token, dest=rank + 1, tag=tag)
     if e is not None:
         T.end(e)
-    record(comm, "Send", token.nbytes, 0, 1)
+    record(comm, "Send", token.nbytes, 0, 1, rank + 1)
 
 
 def bcast_bytes(comm: MPI.Intracomm, data: bytes | None, root: int = 0) -> bytes:

@@ -41,6 +41,7 @@ from mpi4py import MPI
 
 from . import callsite
 from .env import check_setting, trace_dir_setting, trace_setting, watchdog_setting
+from .virtual import VirtualComm
 
 __all__ = [
     "DEFAULT_ENTRIES",
@@ -341,7 +342,7 @@ def begin(
     blocking: bool = True,
     compare_size: bool = True,
     detail: str = "",
-) -> Entry:
+) -> Entry | None:
     """Local, or Collective over ``comm`` while the mismatch check is armed (a collective's own
     fingerprint exchange). Record one MPI call about to be made; call only while :data:`on`.
 
@@ -371,13 +372,16 @@ def begin(
 
     Returns
     -------
-    Entry
+    Entry or None
+        None for a call on a virtual communicator (:mod:`hpctp.comm.virtual`: nothing to wait for).
 
     Raises
     ------
     CollectiveMismatch
         On every rank of ``comm``, when the mismatch check is armed and the ranks' fingerprints differ.
     """
+    if isinstance(comm, VirtualComm):
+        return None
     rec = cast(Recorder, _rec)  # (callers test `on` first)
     g = rec.group(comm)
     e = Entry()
@@ -616,7 +620,7 @@ def grid_built(grid: Any) -> None:
     """Collective over grid (the first time only). Arm the settings agreed while building ``grid`` and
     run the hooks of :func:`on_first_grid`."""
     global _first_grid_done
-    if _first_grid_done:
+    if _first_grid_done or isinstance(grid.comm, VirtualComm):
         return
     _first_grid_done = True
     s = settings()

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .. import comm as C
+from .._util.backend import shape_only
 from ..comm import ProcessGrid
 from ..ops.autograd import AllReduceSum, check_grid, comms_for_axes
 from ..tensor.core import DistTensor
@@ -88,7 +89,10 @@ def _reduce(
         vals = [torch.zeros(nterms, dtype=torch.float64, device=device)]
         flag = torch.ones(1, dtype=torch.float64, device=device)
     total = AllReduceSum.apply(torch.cat(vals + [flag]), comms)
-    bad = int(total[-1].item())
+    if shape_only(total):  # (a virtual grid's dry run: every rank flags as this one does)
+        bad = int(local_error is not None)
+    else:
+        bad = int(total[-1].item())
     if bad:
         if isinstance(local_error, Exception):
             raise local_error

@@ -194,8 +194,9 @@ def plan(
     Raises
     ------
     PlanError
-        If no grid of ``ranks`` ranks exists for the model, or no plan fits ``memory`` (the message names
-        the smallest peak and what to change).
+        If no grid of ``ranks`` ranks exists for the model, no plan fits ``memory`` (the message names
+        the smallest peak and what to change), or ``ranks`` span several nodes of a machine that prices no
+        message between nodes.
     ValueError
         On a bad sample, rank count, memory size, or machine file (naming the key).
     """
@@ -204,6 +205,7 @@ def plan(
         raise ValueError(f"ranks must be a positive int, got {ranks!r}")
     budget = parse_bytes(memory)
     prof = machine if isinstance(machine, MachineProfile) else load_machine(machine or DEFAULT_MACHINE)
+    _check_nodes(prof, ranks)
     if isinstance(model, Workload):
         work = model
     else:
@@ -233,6 +235,20 @@ def plan(
     if not ranked:
         raise PlanError(_nothing_fits(report, recompute=bool(recompute)))
     return report
+
+
+def _check_nodes(prof: MachineProfile, ranks: int) -> None:
+    """Local. A PlanError, before any tracing, when ``ranks`` ranks span several nodes of ``prof`` and it prices no
+    message between nodes (a calibrated profile: its ranks are one node): every axis of a grid of that many ranks that
+    crosses a node would need the missing figures."""
+    if ranks <= prof.ranks_per_node or "inter" in prof.network:
+        return
+    raise PlanError(
+        f"machine {prof.name!r} prices messages within a node of {prof.ranks_per_node} ranks only (no [network.inter] "
+        f"figures), and {ranks} ranks span several nodes: plan at most {prof.ranks_per_node} ranks, measure as many "
+        f"ranks as you plan for ('mpiexec -n {ranks} hpctp perf calibrate --out machine.toml', taken as one node), or "
+        "add a [network.inter] table to the machine file"
+    )
 
 
 def _nothing_fits(report: PlanReport, recompute: bool) -> str:

@@ -39,7 +39,8 @@ from typing import TypeVar
 
 from ..layout import FlatPacking, block_range, grid_coords
 from ..nn.pipeline_parallel import balanced_cuts, pipeline_schedule
-from .layers import FLOPS_OVERRIDES, POINT_FREE_SHARES, Message, Site, layer_messages, loss_messages
+from .dryrun import affine_in_batch, dry_run
+from .layers import FLOPS_OVERRIDES, POINT_FREE_SHARES, Message, Site, loss_messages
 from .machine import MachineProfile
 from .memory import Shares, buckets, shares
 from .model import Candidate, TimeBreakdown
@@ -50,6 +51,7 @@ __all__ = [
     "LayerCost",
     "chain_cuts",
     "data_messages",
+    "dry_messages",
     "held_buffers",
     "layer_cost",
     "message_parts",
@@ -124,6 +126,36 @@ def _site(info: LayerInfo, cand: Candidate, sh: Shares, work: Workload, coords: 
                 work.sample.itemsize, work.sample.tensor_units)  # fmt: skip
 
 
+def dry_messages(work: Workload, cand: Candidate, batch: int, coords: tuple[int, ...]) -> dict[str, list[Message]]:
+    """Local. Each traced module's messages in one forward and backward of ``batch`` samples on the rank at ``coords``
+    of ``cand``'s model grid (spatial axes, then the tensor axis), from the real code on a virtual grid
+    (:func:`hpctp.perf.dryrun.layer_messages`, cached per grid, batch and rank); a message of a module the trace
+    does not list goes to its closest listed ancestor."""
+    key = ("dry run", cand.spatial, cand.tensor, batch, coords)
+    if key not in work.cache:
+        if work.builder is None:
+            raise ValueError(
+                "this workload has no model builder to run on a virtual grid: trace it with hpctp.perf.trace"
+            )
+        args = (work.builder, work.sample, cand.spatial, cand.tensor, work.tensor_capable, coords)
+        pair = ("dry runs of 1 and 2 samples", cand.spatial, cand.tensor, coords)
+        if pair not in work.cache:
+            work.cache[pair] = dry_run(*args, (1, 2))
+        one, two = work.cache[pair]
+        found = affine_in_batch(one, two, batch) if batch > 2 else (one, two)[batch - 1]
+        if found is None:
+            found = dry_run(*args, (batch,))[0]
+        root = next((f for f in work.layers if f != OUTSIDE), OUTSIDE)
+        out: dict[str, list[Message]] = defaultdict(list)
+        for owner, msgs in found.items():
+            name = owner
+            while name not in work.layers and "." in name:
+                name = name.rsplit(".", 1)[0]
+            out[name if name in work.layers else root] += msgs
+        work.cache[key] = dict(out)
+    return work.cache[key]  # type: ignore[no-any-return]
+
+
 def _full_axes(m: Message, cand: Candidate) -> tuple[int, ...]:
     """Model-grid axes (spatial..., tensor) -> the plan's grid (pipeline, data, spatial..., tensor)."""
     return tuple(2 + a for a in m.axes)
@@ -170,7 +202,7 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         compute[phase] = t
         cost.flops += sum(flops[phase].values())
         cost.kernels += info.kernels.get(phase, 0.0)
-    msgs = [] if info.fqn == OUTSIDE else layer_messages(info.module, site, info.tensor)
+    msgs = dry_messages(work, cand, sh.batch, coords).get(info.fqn, [])
     cost.messages = msgs
     for phase in ("fwd", "bwd"):
         hidden = 0.0
@@ -201,10 +233,7 @@ def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, fl
     if key not in work.cache:
         coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
         most = [0.0, 0.0]
-        for fqn, info in work.layers.items():
-            if fqn == OUTSIDE:
-                continue
-            msgs = layer_messages(info.module, _site(info, cand, sh, work, coords), info.tensor)
+        for msgs in dry_messages(work, cand, sh.batch, coords).values():
             for k, phase in enumerate(("fwd", "bwd")):
                 most[k] = max([most[k]] + [float(m.held) for m in msgs if m.phase == phase])
         work.cache[key] = (most[0], most[1])
@@ -544,11 +573,6 @@ def step_messages(work: Workload, cand: Candidate, rank: int) -> list[Message]:
     coords = grid_coords(rank, cand.dims)
     lo, hi = block_range(work.sample.batch, cand.data, coords[1])
     sh = dataclasses.replace(shares(work.sample, cand), batch=hi - lo, samples=hi - lo)
-    out: list[Message] = []
-    for fqn, info in work.layers.items():
-        if fqn == OUTSIDE:
-            continue
-        for _ in range(max(info.calls, 1)):
-            out += layer_messages(info.module, _site(info, cand, sh, work, tuple(coords[2:])), info.tensor)
+    out = [m for msgs in dry_messages(work, cand, sh.batch, tuple(coords[2:])).values() for m in msgs]
     out += _loss(cand, work)
     return out + data_messages(work, cand, None, coords[1])

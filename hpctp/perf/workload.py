@@ -391,6 +391,8 @@ class Workload:
         ``{recompute: Trace}`` as ``traces``, with the layers that take another path on a split field on that path
         (Fourier layers: truncated DFT matrices, :func:`hpctp.nn.spectral.fourier.split_path_on_whole_fields`), for
         the plans that split it; empty where no layer does.
+    builder : callable or None
+        The model builder traced: :mod:`hpctp.perf.dryrun` runs the model it builds on virtual grids.
     """
 
     sample: Sample
@@ -408,6 +410,7 @@ class Workload:
     leaving: dict[str, Bilinear] = field(default_factory=dict)
     split_traces: dict[bool, Trace] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # (the planner's memo)
+    builder: Builder | None = field(default=None, repr=False, compare=False)
 
     @property
     def param_bytes(self) -> int:
@@ -1106,7 +1109,7 @@ def _trace(
     entering = {fqn: Bilinear.fit([r.entering.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].entering}
     leaving = {fqn: Bilinear.fit([r.leaving.get(fqn, 0) for r in runs], bs, ps) for fqn in runs[0].leaving}
     return Workload(sample, params, layers, ranked, traces, variants, tensor_capable, host, model, f0,
-                    "cpu" if fake else "meta", entering, leaving, split_traces=split_traces)  # fmt: skip
+                    "cpu" if fake else "meta", entering, leaving, split_traces=split_traces, builder=builder)  # fmt: skip
 
 
 def _layers(

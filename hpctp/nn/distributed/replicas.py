@@ -30,7 +30,7 @@ import torch
 from mpi4py import MPI
 
 from ... import comm as C
-from ..._util.backend import byte_view, to_numpy
+from ..._util.backend import byte_view, shape_only, to_numpy
 from ..._util.ints import is_int
 from ...comm import ProcessGrid
 from ...layout import Layout
@@ -147,7 +147,8 @@ def reduce_bucket(
 ) -> None:
     """Collective over each of ``comms``. Sum the gradients of ``params`` (one dtype and device) in
     one flat buffer, all-reduced over each communicator in turn; a ``None`` gradient counts as
-    zeros and stays None only if it is None on every rank (a flag per parameter travels along).
+    zeros and stays None only if it is None on every rank (a flag per parameter travels along;
+    on ``meta`` tensors, a dry run without values, it stays None as every rank's stands for this one's).
 
     Raises
     ------
@@ -171,7 +172,7 @@ def reduce_bucket(
         offset += n
         if p.grad is not None:
             p.grad.copy_(total)
-        elif bool(had[i] != 0):
+        elif not shape_only(buf) and bool(had[i] != 0):  # (meta: every rank has none, as this one)
             p.grad = total.clone()
 
 

@@ -165,7 +165,9 @@ class ShardedDataParallel(torch.nn.Module):
     device : torch.device or str, optional
         A model on ``meta``: where its slices (and buffers) live; default this rank's GPU
         (:func:`hpctp.comm.current_device`) if one was selected, else the CPU. Values are
-        computed on the CPU, one unit at a time, so they do not depend on the device.
+        computed on the CPU, one unit at a time, so they do not depend on the device. ``"meta"``: a
+        dry run (e.g. on a virtual grid, :meth:`hpctp.ProcessGrid.virtual`): no values are computed, the
+        slices and buffers are meta tensors, and a step sends what a real one sends.
     malloc_threshold : int, "auto" or None
         Stage 3 on the CPU: glibc's ``malloc`` maps blocks of this many bytes or more on their own and
         returns them when freed (``mallopt(M_MMAP_THRESHOLD)``, and its trim threshold to twice that;
@@ -383,7 +385,12 @@ class ShardedDataParallel(torch.nn.Module):
         """Local. Values for a model built on ``meta``, computed on the CPU one group of modules at a time
         (stage 3: a unit; stages 0-2: the model, whose parameters stay whole), handed to the buckets,
         then freed. Groups run in :func:`~hpctp.nn.meta.reset_order`, so the generator is
-        consumed as construction would."""
+        consumed as construction would. On ``meta`` (a dry run, e.g. on a virtual grid) nothing has values: the
+        buckets adopt the meta parameters as they are."""
+        if torch.device(device).type == "meta":
+            for b in self._buckets:
+                b.take(range(len(b.params)))
+            return
         order = reset_order(model)
         owner = owner_units(model, chosen) if self.stage == 3 else {}
         groups: list[list[tuple[str, torch.nn.Module, bool]]] = []

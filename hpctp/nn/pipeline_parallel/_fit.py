@@ -34,7 +34,7 @@ from ... import comm as C
 from ...tensor.core import DistTensor
 from ..distributed.recompute import Checkpointed
 
-__all__ = ["check_fit", "shadows", "signature"]
+__all__ = ["check_fit", "shadows", "signature", "walk_shapes"]
 
 _META = torch.device("meta")
 
@@ -124,6 +124,38 @@ def _walk(chain: Sequence[torch.nn.Module | None], x: Any) -> _Misfit | None:
             except Exception:  # noqa: BLE001 - confirmed or dismissed by a real run (_confirm)
                 return _Misfit(i, x)
     return None
+
+
+def walk_shapes(chain: Sequence[torch.nn.Module | None], inputs: Any, n: int, end: int) -> Any:
+    """Local. What layers ``0:end`` of the chain give for a micro-batch of ``n`` samples shaped like ``inputs``: meta
+    tensors (or a tuple of them) from the :func:`shadows`, no values and no messages; None where the walk cannot run
+    them (a layer without a shadow, a DistTensor, a layer that fails on meta).
+
+    Parameters
+    ----------
+    chain : sequence of torch.nn.Module or None
+        :func:`shadows` of the model's layers.
+    inputs : tensor or DistTensor
+        This data group's share of the batch.
+    n : int
+        The micro-batch's samples.
+    end : int
+        The layers walked: ``chain[:end]``.
+
+    Returns
+    -------
+    tensor, tuple of tensors or None
+    """
+    x = _meta_input(inputs, n)
+    with torch.no_grad():
+        for layer in chain[:end]:
+            if layer is None or not _plain_meta(x):
+                return None
+            try:
+                x = layer(x)
+            except Exception:  # noqa: BLE001 - a layer without a meta kernel: not walked
+                return None
+    return x if _plain_meta(x) else None
 
 
 def _confirm(shadow: torch.nn.Module, given: Any, device: torch.device) -> Exception | None:

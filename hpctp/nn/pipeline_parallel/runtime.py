@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ... import comm as C
+from ..._util.backend import shape_only
 from ..._util.ints import is_int
 from ...comm import Pending, tags
 from ...layout import GroupTransferPlan, Layout, block_range, grid_coords, group_transfer_plan
@@ -46,7 +47,7 @@ from ..meta import dematerialize, has_meta, materialize_modules, meta_problems, 
 from ..spatial.redistribute import Redistribute
 from ._actions import Action, ActionKind
 from ._balance import balanced_cuts
-from ._fit import check_fit, shadows, signature
+from ._fit import check_fit, shadows, signature, walk_shapes
 from ._messages import Described, Part, blocks_of, describe, moved, receive_description, send_description
 from ._split_backward import backward_input
 from .schedules import Schedule, pipeline_schedule
@@ -102,7 +103,11 @@ class PipelineParallel(torch.nn.Module):
         current torch generator, which must then be in the same state on every rank (checked; torch seeds every
         process differently, so call ``torch.manual_seed`` alike on every rank first).
     device : torch.device or str, optional
-        A meta model: where its stages live (default this rank's GPU, else the CPU).
+        A meta model: where its stages live (default this rank's GPU, else the CPU). ``"meta"``: a dry run (e.g. on
+        a virtual grid, :meth:`hpctp.ProcessGrid.virtual`): nothing is materialized and a step sends what a real one
+        sends; there, where no description of an activation arrives, a receiving stage finds it by walking the
+        layers before the cut on meta (torch layers on plain tensors only: a chain with an hpctp layer or a
+        DistTensor before a cut raises NotImplementedError at its first receive).
 
     Attributes
     ----------
@@ -255,7 +260,8 @@ class PipelineParallel(torch.nn.Module):
         """Local (collective over the data axes with ``zero``). This rank's stages, materialized and wrapped."""
         mine = {s: range(self.cuts[s], self.cuts[s + 1]) for s in self.stages}
         owned = {i for r in mine.values() for i in r}
-        if meta:
+        dry = meta and torch.device(device).type == "meta"  # (a dry run, e.g. on a virtual grid: no values to draw)
+        if meta and not dry:
             with seeded(seed):
                 for i, layer in enumerate(chain):  # every layer, in order: the generator draws as one process's
                     materialize_modules(reset_order(layer), "cpu")
@@ -267,7 +273,7 @@ class PipelineParallel(torch.nn.Module):
         for s, idx in mine.items():
             module: torch.nn.Module = torch.nn.Sequential(OrderedDict((self.layer_names[i], chain[i]) for i in idx))
             if self.zero is not None:
-                module = ShardedDataParallel(module, self.plan, stage=self.zero)
+                module = ShardedDataParallel(module, self.plan, stage=self.zero, device=device if dry else None)
             out[s] = module
         return out
 
@@ -319,7 +325,8 @@ class PipelineParallel(torch.nn.Module):
         Returns
         -------
         float
-            The batch's loss, as one process computes it, on every rank.
+            The batch's loss, as one process computes it, on every rank (a dry run on ``meta`` tensors has none:
+            NaN where it would be computed).
 
         Raises
         ------
@@ -344,7 +351,10 @@ class PipelineParallel(torch.nn.Module):
                 module.finish_gradients()
             else:
                 plan.sync_gradients(module)
-        total = float(torch.stack(run.losses).to(torch.float64).sum()) if run.losses else 0.0
+        if run.losses and shape_only(run.losses[0]):  # (a dry run: no value)
+            total = float("nan")
+        else:
+            total = float(torch.stack(run.losses).to(torch.float64).sum()) if run.losses else 0.0
         loss = self._broadcast_loss(total)
         if optimizer is not None:
             optimizer.step()
@@ -593,8 +603,33 @@ class _Step:
             d = self._description(a.stage - 1, a.microbatch)
             if d is None:  # the first micro-batch of this size at this boundary: its description comes first
                 d = receive_description(self.comm, self._peer(a.stage - 1))
+                if C.is_virtual(self.comm):  # (nothing arrives on a virtual grid: the description from shapes)
+                    d = self._inferred(a.stage - 1, self.sizes[a.microbatch])
                 self.pipe._meta_known[(a.stage - 1, self.sizes[a.microbatch])] = d
             self._post("F", a, d, tags.PIPELINE_ACTIVATION, a.stage - 1)
+
+    def _inferred(self, boundary: int, n: int) -> Described:
+        """Local. On a virtual grid: what stage ``boundary`` sends for a micro-batch of ``n`` samples, from the
+        shadows of the layers before the cut walked on meta (:func:`~hpctp.nn.pipeline_parallel._fit.walk_shapes`).
+
+        Raises
+        ------
+        NotImplementedError
+            Where the walk cannot reach the cut (a layer before it communicates: hpctp's layers have no shadow; a
+            DistTensor input or activation).
+        """
+        out = walk_shapes(self.pipe._shadows, self.inputs, n, self.pipe.cuts[boundary + 1])
+        if out is None:
+            names = self.pipe.layer_names[: self.pipe.cuts[boundary + 1]]
+            raise NotImplementedError(
+                f"PipelineParallel on a virtual grid: the activation stage {boundary} sends stage {boundary + 1} "
+                f"cannot be found from shapes alone: the walk of layers {list(names)} on meta stops at an hpctp "
+                "layer (its forward communicates) or a DistTensor; a virtual pipeline takes chains of torch layers "
+                "on plain tensors up to each cut"
+            )
+        _, d = describe(out)
+        fused = self._fused(boundary + 1)
+        return moved(d, fused.target, self.grid.rank) if fused is not None else d
 
     def receive_gradient(self, a: Action) -> None:
         if ("B", a.stage, a.microbatch) not in self.received:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ... import comm as C
+from ..._util.backend import shape_only
 from ...comm import ProcessGrid
 from ...ops.autograd import Comms, check_grid, comms_for_axes, reduce_sum_
 from ._inputs import field_axes, field_input, split_items
@@ -58,7 +59,9 @@ def _gather_combine(row: torch.Tensor, comms: Comms) -> torch.Tensor:
     return row
 
 
-def global_moments(x: torch.Tensor, dims: tuple[int, ...], comms: Comms) -> tuple[torch.Tensor, torch.Tensor, int]:
+def global_moments(
+    x: torch.Tensor, dims: tuple[int, ...], comms: Comms, count: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Collective over grid. Mean and biased variance of ``x`` over ``dims`` of the global field.
 
     Parameters
@@ -69,6 +72,10 @@ def global_moments(x: torch.Tensor, dims: tuple[int, ...], comms: Comms) -> tupl
         Dims to reduce (the split dims among them are reduced over the ranks of ``comms``).
     comms : tuple of communicators
         See :func:`hpctp.ops.autograd.comms_for_axes`.
+    count : int, optional
+        The global number of reduced elements per statistic as the field's layout gives it. Used on
+        ``meta`` blocks only (a virtual grid's dry run, whose gathered counts hold no values); without it
+        every rank there counts as many elements as this one.
 
     Returns
     -------
@@ -90,6 +97,8 @@ def global_moments(x: torch.Tensor, dims: tuple[int, ...], comms: Comms) -> tupl
         dt = _stats_dtype(x.dtype)
         mean = row[1 : 1 + s].to(dt).reshape(keep)
         var = row[1 + s :].to(dt).reshape(keep)
+        if shape_only(row):  # (a virtual grid's dry run: the count from the layout, or this rank's)
+            return mean, var, count if count is not None else n_local * math.prod(c.Get_size() for c in comms)
         return mean, var, int(round(float(row[0])))
 
 
@@ -132,11 +141,12 @@ class _Normalize(torch.autograd.Function):
 
 
 def normalize(
-    x: torch.Tensor, dims: tuple[int, ...], comms: Comms, eps: float
+    x: torch.Tensor, dims: tuple[int, ...], comms: Comms, eps: float, count: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Collective over grid. ``(x - mean) / sqrt(var + eps)`` with global statistics over ``dims``.
 
-    The reductions run over ``comms`` (see :func:`hpctp.ops.autograd.comms_for_axes`).
+    The reductions run over ``comms`` (see :func:`hpctp.ops.autograd.comms_for_axes`); ``count`` as for
+    :func:`global_moments`.
 
     Returns
     -------
@@ -148,7 +158,7 @@ def normalize(
     ValueError
         If the global field has no element to reduce (same on every rank).
     """
-    mean, var, count = global_moments(x, dims, comms)
+    mean, var, count = global_moments(x, dims, comms, count)
     if count == 0:
         raise ValueError("cannot normalise an empty field: the global reduction has no element")
     invstd = torch.rsqrt(var + eps)
@@ -216,7 +226,12 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            if self.momentum is not None:
+                factor = self.momentum
+            elif shape_only(self.num_batches_tracked):  # (no values on meta: the factor scales running stats of none)
+                factor = 1.0
+            else:
+                factor = 1.0 / float(self.num_batches_tracked)
         if not use_batch:
             return field.wrap(
                 torch.nn.functional.batch_norm(
@@ -224,7 +239,8 @@ class _DistBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
                 )
             )
         dims = (0,) + tuple(range(2, x.dim()))
-        mean, var, count = global_moments(x, dims, self._comms)
+        whole = field.global_layout.global_shape  # (the global count on meta blocks, where no count travels)
+        mean, var, count = global_moments(x, dims, self._comms, math.prod(whole[d] for d in dims))
         if self.training and count <= 1:
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got a global field of "
@@ -396,7 +412,8 @@ class GroupNorm(torch.nn.GroupNorm):
         else:
             xv = x.reshape((n, g, c // g) + tuple(x.shape[2:]))
             dims = tuple(range(2, xv.dim()))
-            y, _, _, _ = normalize(xv, dims, comms_for_axes(self.grid, axes), self.eps)
+            whole = (c // g,) + tuple(field.global_layout.global_shape[2:])  # (the count on meta blocks)
+            y, _, _, _ = normalize(xv, dims, comms_for_axes(self.grid, axes), self.eps, math.prod(whole))
             y = y.reshape(x.shape)
         if self.weight is not None:  # in x's dtype, as torch
             y = (y * _channel_view(self.weight, x.dim()) + _channel_view(self.bias, x.dim())).to(x.dtype)

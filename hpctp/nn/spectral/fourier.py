@@ -56,6 +56,13 @@ def split_path_on_whole_fields() -> Iterator[None]:
         inverse_matrix.cache_clear()
 
 
+def _as_complex(weight: torch.Tensor) -> torch.Tensor:
+    """A real weight ``[..., 2]`` as complex: a view, or a view of a copy where its storage offset is odd (a
+    parameter packed into a flat buffer at any element, e.g. by :class:`hpctp.nn.ShardedDataParallel` at stages
+    1-2), which ``torch.view_as_complex`` cannot view."""
+    return torch.view_as_complex(weight if weight.storage_offset() % 2 == 0 else weight.clone())
+
+
 def _modes_of(weight: torch.Tensor) -> tuple[int, ...]:
     """Modes per spatial axis from a weight ``[C_in, C_out, 2 m_1, ..., 2 m_{d-1}, m_d, 2]``."""
     ks = [int(k) for k in weight.shape[2:-1]]
@@ -133,7 +140,7 @@ def spectral_conv_fft(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     idx = [torch.from_numpy(kept_modes(n, m, i == nd - 1)).to(x.device) for i, (n, m) in enumerate(zip(spatial, modes))]
     for d, ix in zip(dims, idx):
         spec = spec.index_select(d, ix)
-    out = _mix_modes(spec, torch.view_as_complex(weight))
+    out = _mix_modes(spec, _as_complex(weight))
     for d, ix, n in zip(dims, idx, spatial[:-1] + (spatial[-1] // 2 + 1,)):
         shape = list(out.shape)
         shape[d] = n
@@ -154,7 +161,7 @@ def _spectral_conv_truncated(x: torch.Tensor, weight: torch.Tensor, modes: tuple
         d, m, n = 2 + i, modes[i], spatial[i]
         y = torch.fft.fft(y, dim=d)
         y = torch.cat([y.narrow(d, 0, m), y.narrow(d, n - m, m)], dim=d)
-    y = _mix_modes(y, torch.view_as_complex(weight))
+    y = _mix_modes(y, _as_complex(weight))
     for i in range(nd - 1):
         d, m, n = 2 + i, modes[i], spatial[i]
         gap = list(y.shape)
@@ -284,7 +291,7 @@ def _mix_own_modes(h: torch.Tensor, weight: torch.Tensor, comm: Any) -> torch.Te
     flat = h.reshape(*h.shape[:2], total)
     mine = scatter_modes(flat, comm, cuts, 2)
     w = weight_modes(weight.reshape(*weight.shape[:2], total, 2), comm, cuts, 2)
-    y = _mix_modes(mine, torch.view_as_complex(w))
+    y = _mix_modes(mine, _as_complex(w))
     return gather_modes(y, comm, cuts, 2).reshape(*y.shape[:2], *kept)
 
 
@@ -308,7 +315,7 @@ def _spectral_conv_block(
     if axes:  # each rank mixes its own run of the kept modes, summed over the blocks (_modes)
         y = _mix_own_modes(h, weight, grid.axes_comm(axes))
     else:
-        y = _mix_modes(h, torch.view_as_complex(weight))
+        y = _mix_modes(h, _as_complex(weight))
     for i in range(last):
         y = _along(y, 2 + i, inverse_matrix(spatial[i], *ranges[i], modes[i], False, real, dev))
     return _real_part_along(y, 1 + nd, inverse_matrix(spatial[last], *ranges[last], modes[last], True, real, dev))

@@ -296,7 +296,10 @@ def _forward_block(
     scale: float, q_index: torch.Tensor | None, k_index: torch.Tensor | None, poke: Callable[[], None] | None = None,
 ) -> None:  # fmt: skip
     """Merge the attention of ``q`` to one K/V block into the running ``(max, sum, numerator)``;
-    ``poke`` is called after each key tile (to let messages progress)."""
+    ``poke`` is called after each key tile (to let messages progress). On ``meta`` (a dry run on a virtual grid:
+    shapes only) the merge is in place, so there is nothing to do."""
+    if q.device.type == "meta":
+        return
     m, denom, o = state
     for _, _, _, vc, s in _score_tiles(q, k, v, scale, q_index, k_index):
         m_new = torch.maximum(m, s.amax(dim=-1))
@@ -316,7 +319,9 @@ def _backward_block(
     q_index: torch.Tensor | None, k_index: torch.Tensor | None, poke: Callable[[], None] | None = None,
 ) -> None:  # fmt: skip
     """Add one K/V block's share to ``dq`` and its gradients to ``dk``/``dv`` (None: not wanted);
-    ``poke`` is called after each key tile."""
+    ``poke`` is called after each key tile; nothing to do on ``meta`` (in place, as :func:`_forward_block`)."""
+    if q.device.type == "meta":
+        return
     for c0, c1, kc, vc, s in _score_tiles(q, k, v, scale, q_index, k_index):
         p = s.sub_(lse[..., None]).exp_()
         if dv is not None:
@@ -624,9 +629,10 @@ class _KVRing:
             kk, vv = self.k[:, :, u.k0 : u.k1], self.v[:, :, u.k0 : u.k1]
             if self.travel:
                 flat = self._slot()
-                pk, pv = self.views(flat, u)
-                pk.copy_(kk)
-                pv.copy_(vv)
+                if flat.device.type != "meta":  # (meta: shapes only, nothing to pack)
+                    pk, pv = self.views(flat, u)
+                    pk.copy_(kk)
+                    pv.copy_(vv)
                 self.current = (C.isend(comm, flat[: self.count(u)], to, RING_TAG), flat)
         elif not self.travel:  # nothing to carry (this ring holds no batch or head): empty pieces, no message
             b, h, d, dv = self.shape
@@ -731,17 +737,19 @@ class _GradRing:
         u = self.units[i]
         if u.s == 0:
             flat = self._slot()
-            tk, tv = self.kv.views(flat, u)
-            if share is None:
+            if flat.device.type == "meta":  # (meta: shapes only, nothing to pack)
+                pass
+            elif share is None:
                 flat[: self.kv.count(u)].zero_()
             else:
+                tk, tv = self.kv.views(flat, u)
                 tk.copy_(share[0])
                 tv.copy_(share[1])
         else:
             self.post(i)
             p, flat = self.recvs.pop(i)
             p.wait()
-            if share is not None:
+            if share is not None and flat.device.type != "meta":  # (meta: shapes only, nothing to add)
                 tk, tv = self.kv.views(flat, u)
                 tk.add_(share[0])
                 tv.add_(share[1])
