@@ -2,10 +2,8 @@
 
 :func:`planning_inputs` turns a config into what the planner takes (the model builder, the global batch
 of one step as a :class:`hpctp.perf.Sample`, how the layers are checkpointed); ``hpctp plan CONFIG`` reads
-it from here. The ViT's own modules get message models (:func:`hpctp.perf.register_layer`): its global
-attention sends the K/V ring of :func:`hpctp.nn.functional.attention` (priced from the same ring plan,
-:func:`hpctp.layout.ring.ring_plan`) beside the tensor axis's two all-reduces, and the model moves its
-field onto patch-aligned blocks and back when a cut is not on a patch boundary.
+it from here. What each model sends on a plan's grid (the ViT's K/V ring and patch-aligned moves included) the
+planner reads off the model's own code run on a virtual grid (:mod:`hpctp.perf.dryrun`).
 
 :func:`choose` runs the planner for a training run (on rank 0, the choice broadcast) and :func:`apply`
 writes the chosen plan into the config's keys (``train.data``, ``train.tensor``, ``train.zero``,
@@ -17,23 +15,16 @@ writes the chosen plan into the config's keys (``train.data``, ``train.tensor``,
 from __future__ import annotations
 
 import copy
-import itertools
-import math
 from typing import Any
 
 import torch
 
 import hpctp
-from hpctp.layout import Layout, block_cuts, redistribution_plan
-from hpctp.layout.ring import ring_plan
-from hpctp.nn import context_parallel, patch_aligned_layout
 from hpctp.nn.pipeline_parallel import SCHEDULES
-from hpctp.perf import Message, Sample, Site, register_layer
-from hpctp.perf.layers import tensor_messages
+from hpctp.perf import Sample
 
 from .models import build_model
 from .parallel import CHAINS, checkpoint_layers
-from .vit import _Embed, _GlobalAttention
 
 __all__ = ["CHANNELS", "MODEL_KEYS", "check_keys", "planning_inputs", "sample_of", "choose", "apply", "PLAN_KEYS"]
 
@@ -41,9 +32,6 @@ CHANNELS = {"grayscott": 2, "navier_stokes": 1}
 """Fields of the state per simulation (``simulation.pde``)."""
 PLAN_KEYS = ("manual", "auto")
 """Values of ``train.plan``."""
-RING_EXACT = 64
-"""Rings of up to this many ranks are priced from their plan (:func:`hpctp.layout.ring.ring_plan`, exact); longer
-ones from the blocks' sizes alone (the plan's cost grows with the ring)."""
 
 
 MODEL_KEYS = {"fno": ("width", "depth", "modes"), "cnn": ("width", "depth"), "unet": ("width", "levels"), "vit": ()}
@@ -107,92 +95,6 @@ def planning_inputs(cfg: dict[str, Any]) -> dict[str, Any]:
         return build_model(s, sample.shape[1], plan.model_grid, tensor_axis=plan.tensor[0] if plan.tensor else None)
 
     return {"builder": builder, "sample": sample, "recompute": checkpoint_layers}
-
-
-# ---------------------------------------------------------------------------------------------- message models
-def _pieces(tokens: int, most: int) -> int:
-    """Pieces of a K/V block on the ring (:mod:`hpctp.nn.context_parallel`)."""
-    if tokens <= 0:
-        return 0
-    return max(1, min(most, tokens // max(1, context_parallel.KEY_TILE_MIN)))
-
-
-def attention_messages(module: _GlobalAttention, site: Site) -> list[Message]:
-    """Local. The ViT's global attention: the K/V ring over the spatial axes (forward: each block but the
-    successor's, in up to ``RING_PIECES`` pieces; backward: the blocks again and every block's dK/dV, in up to
-    ``RING_PIECES_BACKWARD``, the dK/dV pieces in ``RING_GRAD_SLOTS`` buffers it holds), and the tensor axis's
-    all-reduces."""
-    out = tensor_messages(site)
-    if site.inputs is None or not site.spatial_axes() or module.schedule == "all_to_all":
-        return out
-    n, rows, cols, e = site.inputs
-    heads = module.heads
-    d = e // heads
-    tensor = site.tensor if site.tensor is not None and site.dims[site.tensor] > 1 else None
-    cuts = None
-    if tensor is not None:
-        cuts = block_cuts(heads, site.dims[tensor])
-    lay = Layout((n, heads, rows, cols, d), site.dims, (None, tensor, *site.spatial, None),
-                 (None, cuts, None, None, None))  # fmt: skip
-    ring = math.prod(site.dims[a] for a in site.spatial)
-    if ring <= RING_EXACT:
-        steps = [s.tokens for s in ring_plan(lay, lay, site.rank).steps]  # this rank's own block first
-    else:  # a long ring: every block once, this rank's first, its successor's (the smallest, say) last
-        heights = [b - a for a, b in itertools.pairwise(lay.dim_cuts[2])]
-        widths = [b - a for a, b in itertools.pairwise(lay.dim_cuts[3])]
-        mine = lay.local_shape(site.coords)[2] * lay.local_shape(site.coords)[3]
-        others = sorted((h * w for h in heights for w in widths), reverse=True)
-        others.remove(mine)
-        steps = [mine, *others]
-    if len(steps) < 2:
-        return out
-    bh = math.prod(lay.local_shape(site.coords)[:2])
-    per_token = bh * 2 * d * site.itemsize
-    fwd = steps[:-1]  # every block but the successor's travels on
-    fp = [_pieces(t, context_parallel.RING_PIECES) for t in fwd]
-    bp = [_pieces(t, context_parallel.RING_PIECES_BACKWARD) for t in fwd]
-    gp = [_pieces(t, context_parallel.RING_PIECES_BACKWARD) for t in steps]
-    recv = steps[1:]
-    axes = site.spatial_axes()
-    big = max(fwd) * per_token
-    out.append(Message("fwd", "Isend", "p2p", axes, big, sum(fwd) * per_token, sum(recv) * per_token, sum(fp), True))
-    grads = sum(steps) * per_token
-    acc = max(site.itemsize, 4)  # (dK/dV accumulate in float32, float64 in float64)
-    piece = max(-(-t // max(g, 1)) for t, g in zip(steps, gp))  # (tokens of the largest dK/dV piece)
-    held = context_parallel.RING_GRAD_SLOTS * piece * per_token // site.itemsize * acc  # (its K/V pieces: pooled)
-    out.append(Message("bwd", "Isend", "p2p", axes, big, sum(fwd) * per_token + grads,
-                       sum(recv) * per_token + grads, sum(bp) + sum(gp), True, held=held))  # fmt: skip
-    return out
-
-
-def vit_messages(module: _Embed, site: Site) -> list[Message]:
-    """Local. The ViT's field moved onto patch-aligned blocks (its embedding) and back (its head) in the forward,
-    the output's gradient moved onto them again in the backward (the input needs none), when a cut is not on a
-    patch boundary. All are counted at the embedding, whose input is the field; in a pipeline the head's share
-    belongs to the last stage."""
-    if site.inputs is None or not site.spatial_axes():
-        return []
-    lay = site.layout(site.inputs, site.input_dims)
-    aligned = patch_aligned_layout(lay, module.patch)
-    if aligned == lay:
-        return []
-    rank = site.rank
-    there = redistribution_plan(lay, aligned, rank)
-    back = redistribution_plan(aligned, lay, rank)
-    out = []
-    for phase, plans in (("fwd", (there, back)), ("bwd", (there,))):
-        for p in plans:
-            sent = sum(x.size for x in p.sends) * site.itemsize
-            recv = sum(x.size for x in p.recvs) * site.itemsize
-            count = sum(1 for x in p.sends if x.size)
-            if sent or recv:
-                total = math.prod(site.inputs) * site.itemsize
-                out.append(Message(phase, "Alltoallv", "alltoall", site.spatial_axes(), total, sent, recv, count))
-    return out
-
-
-register_layer(_GlobalAttention, attention_messages)
-register_layer(_Embed, vit_messages)
 
 
 # ---------------------------------------------------------------------------------------------- train.plan = auto

@@ -7,7 +7,8 @@
 * :class:`MachineProfile` (:mod:`hpctp.perf.machine`): compute rates and message costs, read from machine
   files (:func:`load_machine`; published profiles: :func:`published_machines`) or measured by
   :func:`calibrate`;
-* the message models of the layers (:mod:`hpctp.perf.layers`), and the alpha-beta-gamma models of SUMMA and
+* what each layer sends on a plan's grid, read off the layer's own code run on a virtual grid
+  (:mod:`hpctp.perf.dryrun`), and the alpha-beta-gamma models of SUMMA and
   of the attention schedules (:mod:`hpctp.linalg.cost`, re-exported here), which the planner prices with.
 """
 
@@ -28,7 +29,7 @@ from ..linalg.cost import (
     stationary_c_words,
 )
 from .calibration import calibrate
-from .layers import Message, Site, layer_messages, register_layer
+from .layers import Message, Site
 from .machine import ComputeRates, Link, MachineProfile, collective_time, load_machine, published_machines
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
 from .planner import PlanError, PlanReport, parse_bytes, plan
@@ -66,8 +67,6 @@ __all__ = [
     # layers.py
     "Message",
     "Site",
-    "layer_messages",
-    "register_layer",
     # model.py
     "Candidate",
     "MemoryBreakdown",

@@ -1,25 +1,12 @@
-"""The messages each kind of layer sends on a grid, from the plans the layers themselves run.
+"""What the planner prices per layer beside the trace: its messages as :class:`Message` records, where it runs
+(:class:`Site`), and the work of layers that compute another way on a split field.
 
-A *message model* takes a module and a :class:`Site` (the model grid's shape, a rank's coordinates on it
-and the layer's global input and output shapes for the plan being priced) and returns the
-:class:`Message` list that rank sends in one forward and one backward pass. The figures are those
-:class:`hpctp.CommCounter` reports (bytes sent and received, messages), computed from the same pure
-plans the layers execute:
-
-* convolutions and pooling (:class:`hpctp.nn.Conv2d` ...): the halo of their windows,
-  :func:`hpctp.halo.fetch_plan` in forward and its adjoint in backward;
-* Fourier layers (:class:`hpctp.nn.SpectralConv2d` ...): over the axes splitting the field, a reduce-scatter
-  of the kept spectrum into each rank's run of modes and an all-gather of the mixed runs in forward; in
-  backward their adjoints and the all-gather of the weight gradient's runs;
-* tensor-parallel modules (any module owning parameters split over the tensor axis, Megatron's
-  column-then-row pattern): one all-reduce of the output over the tensor axis in forward, one of the
-  input's gradient in backward;
-* the loss (:func:`hpctp.nn.global_mse_loss`): one all-reduce of three float64 over the data and
-  spatial axes.
-
-Other modules are local unless a model registers a model for its own modules with
-:func:`register_layer` (``apps.surrogate.autoplan`` registers the ViT's global attention, whose
-K/V ring is priced by :func:`hpctp.perf.predict_attention`).
+* :class:`Message`: one collective call, or one pass's point-to-point exchange, on one rank, as
+  :class:`hpctp.CommCounter` counts it and as :func:`hpctp.perf.collective_time` prices it. What each layer
+  sends is read off its own code run on a virtual grid (:mod:`hpctp.perf.dryrun`): no message model per layer.
+* the loss (:func:`hpctp.nn.global_mse_loss`): one all-reduce of three float64 over the data and spatial axes;
+* Fourier layers on a split field (:data:`FLOPS_OVERRIDES`, :data:`POINT_FREE_SHARES`): truncated DFTs by matrix
+  products and each rank's run of the kept modes, where the one-process trace saw FFTs over all of them.
 """
 
 from __future__ import annotations
@@ -29,43 +16,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from ..halo import fetch_plan
-from ..layout import Layout, block_cuts, grid_rank
-from ..nn import (
-    AvgPool2d,
-    AvgPool3d,
-    Conv1d,
-    Conv2d,
-    Conv3d,
-    MaxPool2d,
-    MaxPool3d,
-    SpectralConv1d,
-    SpectralConv2d,
-    SpectralConv3d,
-)
+from ..layout import Layout, grid_rank
+from ..nn import SpectralConv1d, SpectralConv2d, SpectralConv3d
 from ..nn.spectral._modes import mode_cuts
 from .workload import SPLIT_PATH_LAYERS
 
 __all__ = [
     "Message",
     "Site",
-    "MessageModel",
     "FLOPS_OVERRIDES",
     "POINT_FREE_SHARES",
-    "register_layer",
-    "layer_messages",
     "loss_messages",
-    "halo_messages",
-    "tensor_messages",
-    "window_messages",
-    "spectral_messages",
     "spectral_flops",
     "spectral_share",
 ]
-
-_BOUNDARY = {"zeros": "zero", "circular": "periodic", "reflect": "reflect", "replicate": "replicate"}
 
 
 @dataclass(frozen=True)
@@ -160,179 +124,11 @@ class Site:
         return tuple(a for a in self.spatial if self.dims[a] > 1)
 
 
-MessageModel = Callable[[Any, Site], list[Message]]
-"""``model(module, site) -> messages``: the message model of a kind of module."""
-_REGISTRY: dict[type, MessageModel] = {}
-
-
-def register_layer(cls: type, model: MessageModel | None = None) -> Any:
-    """Local. Price the messages of ``cls``'s modules (and its subclasses') with ``model(module, site)``.
-
-    Usable as a decorator (``@register_layer(MyAttention)``). A model registered for a class takes
-    precedence over those of its base classes.
-
-    Parameters
-    ----------
-    cls : type
-        A ``torch.nn.Module`` subclass.
-    model : callable, optional
-        ``model(module, site) -> list[Message]``.
-
-    Returns
-    -------
-    callable
-        ``model`` (or the decorator).
-
-    Raises
-    ------
-    TypeError
-        If ``cls`` is not a Module class.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        raise TypeError(f"register_layer takes a torch.nn.Module class, got {cls!r}")
-    if model is None:
-        return lambda fn: register_layer(cls, fn)
-    _REGISTRY[cls] = model
-    return model
-
-
-def _model_of(module: torch.nn.Module) -> MessageModel | None:
-    for cls in type(module).__mro__:
-        if cls in _REGISTRY:
-            return _REGISTRY[cls]
-    return None
-
-
-def layer_messages(module: torch.nn.Module, site: Site, tensor_layer: bool = False) -> list[Message]:
-    """Local. The messages ``module`` sends at ``site`` in one forward and backward (its registered model; a
-    tensor-parallel module's all-reduces when ``tensor_layer`` and no model is registered for it).
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-    site : Site
-    tensor_layer : bool
-        The module owns parameters split over the tensor axis.
-
-    Returns
-    -------
-    list of Message
-    """
-    model = _model_of(module)
-    if model is not None:
-        return model(module, site)
-    if tensor_layer:
-        return tensor_messages(site)
-    return []
-
-
 # ---------------------------------------------------------------------------------------------- helpers
 def _allreduce(phase: str, axes: tuple[int, ...], nbytes: int, role: str, dims: tuple[int, ...]) -> list[Message]:
     if math.prod(dims[a] for a in axes) <= 1 or nbytes <= 0:
         return []
     return [Message(phase, "Allreduce", "allreduce", axes, nbytes, nbytes, nbytes, 1, False, role)]
-
-
-def tensor_messages(site: Site) -> list[Message]:
-    """Local. A Megatron-pattern module: all-reduce of its output over the tensor axis in forward, of its
-    input's gradient in backward."""
-    if site.tensor is None or site.dims[site.tensor] <= 1:
-        return []
-    out: list[Message] = []
-    if site.output is not None:
-        block = site.layout(site.output, site.output_dims).local_shape(site.coords)
-        out += _allreduce("fwd", (site.tensor,), math.prod(block) * site.itemsize, "tensor", site.dims)
-    if site.inputs is not None:
-        block = site.layout(site.inputs, site.input_dims).local_shape(site.coords)
-        out += _allreduce("bwd", (site.tensor,), math.prod(block) * site.itemsize, "tensor", site.dims)
-    return out
-
-
-def halo_messages(layout: Layout, rank: int, wants: tuple[tuple[tuple[int, int], ...], ...],
-                  boundary: tuple[str, ...], itemsize: int, *, adjoint: bool = True, overlap: bool = True
-                  ) -> list[Message]:  # fmt: skip
-    """Local. The point-to-point messages of fetching ``wants`` (:func:`hpctp.halo.fetch_plan`) and, with
-    ``adjoint``, of its adjoint in backward (each message goes back the other way).
-
-    Returns
-    -------
-    list of Message
-        One per direction with messages, or none.
-    """
-    plan = fetch_plan(layout, rank, wants, boundary)
-    axes = tuple(sorted({a for a in layout.split if a is not None and layout.grid_dims[a] > 1}))
-    sends = [m.size * itemsize for m in plan.sends]
-    recvs = [m.size * itemsize for m in plan.recvs]
-    out = []
-    if sends or recvs:
-        out.append(Message("fwd", "Isend", "p2p", axes, max(sends + recvs), sum(sends), sum(recvs), len(sends),
-                           overlap))  # fmt: skip
-        if adjoint:
-            out.append(Message("bwd", "Isend", "p2p", axes, max(sends + recvs), sum(recvs), sum(sends), len(recvs),
-                               overlap))  # fmt: skip
-    return out
-
-
-def _windows(module: Any, nd: int, sizes: Sequence[int], pool: bool) -> list[tuple[int, int, int, int, int]]:
-    """(extent, stride, pad_lo, pad_hi, out size) per spatial dim of a torch conv/pool module."""
-
-    def tup(v: Any) -> tuple[int, ...]:
-        return tuple(v) if isinstance(v, (tuple, list)) else (int(v),) * nd
-
-    k = tup(module.kernel_size)
-    stride = tup(module.stride if module.stride is not None else module.kernel_size)
-    dil = tup(getattr(module, "dilation", 1))
-    out = []
-    for d in range(nd):
-        extent = dil[d] * (k[d] - 1) + 1
-        pad = module.padding
-        if pad == "same":
-            lo, hi = (extent - 1) // 2, extent - 1 - (extent - 1) // 2
-        elif pad == "valid":
-            lo = hi = 0
-        else:
-            lo = hi = tup(pad)[d]
-        size = (sizes[d] + lo + hi - extent) // stride[d] + 1
-        out.append((extent, stride[d], lo, hi, size))
-    return out
-
-
-def window_messages(module: torch.nn.Module, site: Site, nd: int, pool: bool = False) -> list[Message]:
-    """Local. The halo of a convolution or pooling on the field (what :mod:`hpctp.nn`'s window engine fetches)."""
-    if site.inputs is None or not site.spatial_axes():
-        return []
-    shape = site.inputs
-    lay = site.layout(shape, site.input_dims)
-    fdims = sorted(site.input_dims)  # the tensor dims holding the field, in field order
-    sizes = [shape[d] for d in fdims]
-    wins = _windows(module, nd, sizes, pool)
-    boundary_d = "zero" if pool else _BOUNDARY.get(getattr(module, "padding_mode", "zeros"), "zero")
-    out_cuts = []
-    for d, w in zip(fdims, wins):
-        parts = lay.parts(d)
-        out_cuts.append(block_cuts(w[4], parts))
-    wants: list[tuple[tuple[int, int], ...]] = []
-    boundary: list[str] = []
-    j = 0
-    for d in range(len(shape)):
-        if d not in site.input_dims:
-            wants.append(((0, shape[d]),) * lay.parts(d))
-            boundary.append("zero")
-            continue
-        extent, stride, lo, hi, _ = wins[j]
-        native = lay.parts(d) == 1 and boundary_d == "zero" and lo == hi
-        if native:
-            wants.append(((0, shape[d]),))
-        else:
-            oc = out_cuts[j]
-            wants.append(tuple(
-                (o0 * stride - lo, (o1 - 1) * stride - lo + extent) if o1 > o0 else (0, 0)
-                for o0, o1 in zip(oc[:-1], oc[1:])
-            ))  # fmt: skip
-        boundary.append(boundary_d)
-        j += 1
-    overlap = bool(getattr(module, "overlap", True))
-    return halo_messages(lay, site.rank, tuple(wants), tuple(boundary), site.itemsize, overlap=overlap)
 
 
 def _mode_runs(module: Any, site: Site) -> tuple[tuple[int, ...], list[int], int]:
@@ -343,36 +139,6 @@ def _mode_runs(module: Any, site: Site) -> tuple[tuple[int, ...], list[int], int
     cuts = mode_cuts(math.prod(int(k) for k in module.weight.shape[2:-1]), math.prod(sizes))
     runs = [hi - lo for lo, hi in zip(cuts[:-1], cuts[1:])]
     return axes, runs, grid_rank(tuple(site.coords[a] for a in axes), sizes)
-
-
-def spectral_messages(module: Any, site: Site) -> list[Message]:
-    """Local. A Fourier layer (:mod:`hpctp.nn.spectral._modes`): forward, the kept spectrum of its input
-    reduce-scattered into each rank's run of modes and the mixed runs all-gathered; backward, the output spectrum's
-    gradient reduce-scattered and the runs of the weight's and the input spectrum's gradients all-gathered. Complex
-    values of the weight's dtype."""
-    axes, runs, k = _mode_runs(module, site)
-    if not axes or site.inputs is None:
-        return []
-    w = module.weight
-    q, kept, mine = len(runs), sum(runs), runs[k]
-    others = sum(1 for j, n in enumerate(runs) if n and j != k)
-    item = 2 * w.element_size()
-    batch, cin, cout = site.inputs[0], int(w.shape[0]), int(w.shape[1])
-
-    # held: what the one-rank trace (no messages) does not see, the modes-first copies the messages read and the
-    # buffer a gather fills before its values go back in place: the whole spectrum's and this rank's run
-    def scatter(phase: str, rows: int) -> Message:
-        return Message(phase, "Ireduce_scatter", "reduce_scatter", axes, kept * rows * item,
-                       (kept - mine) * rows * item, mine * rows * item * (q - 1), others, False, "spatial",
-                       (kept + mine) * rows * item)  # fmt: skip
-
-    def gather(phase: str, rows: int) -> Message:
-        return Message(phase, "Iallgatherv", "allgather", axes, kept * rows * item,
-                       mine * rows * item * (q - 1), (kept - mine) * rows * item, q - 1 if mine else 0, False,
-                       "spatial", (kept + mine) * rows * item)  # fmt: skip
-
-    return [scatter("fwd", batch * cin), gather("fwd", batch * cout),
-            scatter("bwd", batch * cout), gather("bwd", cin * cout), gather("bwd", batch * cin)]  # fmt: skip
 
 
 def spectral_flops(module: Any, site: Site) -> dict[tuple[str, str], float]:
@@ -424,16 +190,6 @@ def loss_messages(loss_axes: tuple[int, ...], dims: tuple[int, ...], whole: bool
         return _allreduce("fwd", loss_axes, 24, "data", dims)
     return [m for a in loss_axes for m in _allreduce("fwd", (a,), 24, "data", dims)]
 
-
-register_layer(Conv1d, lambda m, s: window_messages(m, s, 1))
-register_layer(Conv2d, lambda m, s: window_messages(m, s, 2))
-register_layer(Conv3d, lambda m, s: window_messages(m, s, 3))
-register_layer(MaxPool2d, lambda m, s: window_messages(m, s, 2, pool=True))
-register_layer(MaxPool3d, lambda m, s: window_messages(m, s, 3, pool=True))
-register_layer(AvgPool2d, lambda m, s: window_messages(m, s, 2, pool=True))
-register_layer(AvgPool3d, lambda m, s: window_messages(m, s, 3, pool=True))
-for _cls in (SpectralConv1d, SpectralConv2d, SpectralConv3d):
-    register_layer(_cls, spectral_messages)
 
 FLOPS_OVERRIDES: dict[type, Callable[[Any, Site], dict[tuple[str, str], float]]] = {
     SpectralConv1d: spectral_flops,

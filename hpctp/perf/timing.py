@@ -3,7 +3,7 @@
 Per module (:class:`~hpctp.perf.workload.LayerInfo`) at the rank's block: its flops of each kind at the
 machine's rate for that kind, its attention scores at the softmax's rate, its elementwise bytes at the memory
 bandwidth (all divided by the tensor axis inside tensor-parallel modules), and its messages
-(:func:`hpctp.perf.layers.layer_messages`), each at the latency and bandwidth of the link its communicator crosses
+(:func:`hpctp.perf.dryrun.layer_messages`: the layer's own calls on a virtual grid), each at the latency and bandwidth of the link its communicator crosses
 (:meth:`MachineProfile.level`). A message the layer overlaps with its own computation (halo exchanges, the attention
 ring) costs only what exceeds that computation. The host's own time per step (Python, operator dispatch, hooks) is
 the trace's count of it, in small operators without their data work (:mod:`hpctp.perf.host`), times the machine's
