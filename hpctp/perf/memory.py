@@ -1,9 +1,9 @@
 """Peak memory of one rank for a plan: parameters, gradients and optimizer state exactly, activations from the trace.
 
-The training state follows :class:`hpctp.nn.ShardedDataParallel`'s buckets (the trainable parameters of
-one kind, packed flat, :class:`hpctp.layout.FlatPacking`; the data ranks own balanced slices of each):
-stages 0-2 close a bucket at ``bucket_mib`` walking the parameters in reverse, stage 3 keeps one bucket
-per unit and kind. Per rank (``P``: its parameters' bytes, tensor-parallel blocks included; ``S``: its
+The training state follows :class:`hpctp.nn.ShardedDataParallel`'s buckets, made by the functions the wrapper
+runs (:mod:`hpctp.nn.distributed.bucket_plan`: the trainable parameters of one kind, packed flat,
+:class:`hpctp.layout.FlatPacking`; the data ranks own balanced slices of each): stages 0-2 close a bucket at
+``bucket_mib`` walking the parameters in reverse, stage 3 keeps one bucket per unit and kind. Per rank (``P``: its parameters' bytes, tensor-parallel blocks included; ``S``: its
 slices, about ``P / D``):
 
 =====  ==========  ====================================  =======  ======================================
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..nn import ShardedDataParallel
+from ..nn.distributed.bucket_plan import fill_buckets, group_by_kind
 from .model import Candidate, MemoryBreakdown
 from .workload import ParamInfo, Sample, Trace, Workload
 
@@ -138,33 +139,23 @@ def _buckets(work: Workload, cand: Candidate, params: list[int] | None) -> list[
     idx = list(range(len(work.params))) if params is None else list(params)
     numels = {i: local_numel(work.params[i], cand, work.sample) for i in idx}
     out: list[Bucket] = []
+
+    def kind(i: int) -> tuple[int, bool]:  # (what a bucket shares: dtype, the axes summing the gradient)
+        return (work.params[i].itemsize, work.params[i].partial_spatial)
+
     if cand.zero == 3:
         for unit in reversed(range(len(work.units))):
-            groups: dict[tuple[int, bool], list[int]] = {}
-            for i in idx:
-                p = work.params[i]
-                if p.unit == unit:
-                    groups.setdefault((p.itemsize, p.partial_spatial), []).append(i)
-            for (item, sp), members in groups.items():
+            mine = [i for i in idx if work.params[i].unit == unit]
+            for (item, sp), at in group_by_kind([kind(i) for i in mine]):
+                members = tuple(mine[j] for j in at)
                 sizes = tuple(numels[i] for i in members)
-                out.append(Bucket(sum(sizes), item, sp, unit, sizes, tuple(members)))
+                out.append(Bucket(sum(sizes), item, sp, unit, sizes, members))
         return out
-    filling: dict[tuple[int, bool], list[int]] = {}
-    made: list[tuple[tuple[int, bool], list[int]]] = []
-    size: dict[tuple[int, bool], int] = {}
-    for i in reversed(idx):
-        p = work.params[i]
-        key = (p.itemsize, p.partial_spatial)
-        if key not in filling:
-            filling[key], size[key] = [], 0
-            made.append((key, filling[key]))
-        filling[key].append(i)
-        size[key] += numels[i] * p.itemsize
-        if size[key] >= BUCKET_BYTES:
-            del filling[key]
-    for (item, sp), members in made:
+    made = fill_buckets([kind(i) for i in idx], [numels[i] * work.params[i].itemsize for i in idx], BUCKET_BYTES)
+    for (item, sp), at in made:
+        members = tuple(idx[j] for j in at)
         sizes = tuple(numels[i] for i in members)
-        out.append(Bucket(sum(sizes), item, sp, 0, sizes, tuple(members)))
+        out.append(Bucket(sum(sizes), item, sp, 0, sizes, members))
     return out
 
 

@@ -75,6 +75,7 @@ from ._bucket import Bucket, InFlight, ParamState
 from ._optimizer_state import copy_value, gather_flat, optimizer_like, slice_state, state_kinds
 from ._unit_memory import GradientSlices, UnitMemory
 from ._units import Unit, choose_units, owner_units
+from .bucket_plan import fill_buckets, group_by_kind
 from .plan import ParallelPlan
 from .replicas import bcast_tensors
 
@@ -343,19 +344,10 @@ class ShardedDataParallel(torch.nn.Module):
     ) -> list[Bucket]:  # fmt: skip
         """Local. Buckets of at most ``cap`` bytes (one parameter may exceed it), in reverse parameter order
         (a bucket's place: where its first parameter comes)."""
-        filling: dict[BucketKey, list[tuple[str, torch.nn.Parameter]]] = {}
-        size: dict[BucketKey, int] = {}
-        made: list[tuple[BucketKey, list[tuple[str, torch.nn.Parameter]]]] = []
-        for name, p in reversed(trainable):
-            key = (meta_device or p.device, p.dtype, axes[id(p)])
-            if key not in filling:
-                filling[key], size[key] = [], 0
-                made.append((key, filling[key]))
-            filling[key].append((name, p))
-            size[key] += p.numel() * p.element_size()
-            if size[key] >= cap:
-                del filling[key]
-        return [Bucket(params, key[2], self.plan, self.stage, key[0]) for key, params in made]
+        kinds: list[BucketKey] = [(meta_device or p.device, p.dtype, axes[id(p)]) for _, p in trainable]
+        made = fill_buckets(kinds, [p.numel() * p.element_size() for _, p in trainable], cap)
+        return [Bucket([trainable[i] for i in members], key[2], self.plan, self.stage, key[0])
+                for key, members in made]  # fmt: skip
 
     def _make_units(
         self,
@@ -371,11 +363,10 @@ class ShardedDataParallel(torch.nn.Module):
         made = {id(m): Unit(m, names[id(m)]) for m in chosen}
         for unit in made.values():
             mine = [(n, p) for n, p in trainable if owner[id(p)] is unit.module]
-            groups: dict[BucketKey, list[tuple[str, torch.nn.Parameter]]] = collections.defaultdict(list)
-            for n, p in mine:
-                groups[(meta_device or p.device, p.dtype, axes[id(p)])].append((n, p))
+            groups = group_by_kind([(meta_device or p.device, p.dtype, axes[id(p)]) for _, p in mine])
             unit.buckets = [
-                Bucket(ps, key[2], self.plan, self.stage, key[0], self._unit_memory) for key, ps in groups.items()
+                Bucket([mine[i] for i in members], key[2], self.plan, self.stage, key[0], self._unit_memory)
+                for key, members in groups
             ]
         return [made[id(m)] for m in chosen if made[id(m)].buckets]
 
