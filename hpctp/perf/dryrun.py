@@ -145,6 +145,13 @@ def dry_run(
         with torch.device("meta"):
             model = builder(plan)
         runs = [_run(model, plan, sample, b) for b in batches]
+    except Exception as e:  # (the user's model: say what the planner ran and what usually fixes it)
+        raise ValueError(
+            f"the model's step on a virtual grid of {tuple(model_dims)} ranks (spatial {tuple(spatial)}, playing "
+            f"coordinates {tuple(coords[: len(model_dims)])}) failed: {type(e).__name__}: {e}. The planner runs "
+            "forward and backward on meta tensors: a tensor made inside forward must take the input's device "
+            "(device=x.device), and code that reads values (.item(), float(t)) finds none there"
+        ) from e
     finally:
         if collecting:
             gc.enable()
