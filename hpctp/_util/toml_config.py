@@ -17,13 +17,15 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     Raises
     ------
     FileNotFoundError
-        If it does not exist.
+        If it does not exist, or is a directory.
     ValueError
         On invalid TOML, naming the file.
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"config file {p} not found")
+        raise FileNotFoundError(
+            f"config file {p} {'is a directory: give a .toml file in it' if p.is_dir() else 'not found'}"
+        )
     try:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
