@@ -80,19 +80,25 @@ def message_of(call: Call, phase: str, ndim: int, tensor_axis: int | None) -> Me
 
 def _exchange(calls: list[Call], phase: str, dims: tuple[int, ...], coords: tuple[int, ...]) -> Message:
     """The point-to-point calls of one pass of a layer as one exchange."""
-    sent = sum(c.sent for c in calls)
-    recv = sum(c.recv for c in calls)
+    sent = recv = count = big = 0
     axes: set[int] = set()
+    seen: set[tuple[str, int]] = set()
+    whole = math.prod(dims)
+    isend = False
     for c in calls:
-        if c.peer >= 0:
-            peer = grid_coords(c.peer, dims) if c.size == math.prod(dims) else coords
-            axes.update(a for a, (x, y) in enumerate(zip(peer, coords)) if x != y)
-            if c.size != math.prod(dims):
+        sent += c.sent
+        recv += c.recv
+        count += c.messages
+        big = max(big, c.sent, c.recv)
+        isend = isend or c.op == "Isend"
+        if c.peer >= 0 and (c.comm, c.peer) not in seen:  # (the axes a peer differs along: once per peer)
+            seen.add((c.comm, c.peer))
+            if c.size == whole:
+                axes.update(a for a, (x, y) in enumerate(zip(grid_coords(c.peer, dims), coords)) if x != y)
+            else:
                 axes.update(_axes(c.comm, len(dims)))
-    big = max([c.sent for c in calls] + [c.recv for c in calls])
-    count = sum(c.messages for c in calls)
-    op = "Isend" if any(c.op == "Isend" for c in calls) else calls[0].op
-    return Message(phase, op, "p2p", tuple(sorted(axes)), big, sent, recv, count, True, "spatial")
+    return Message(phase, "Isend" if isend else calls[0].op, "p2p", tuple(sorted(axes)), big, sent, recv, count,
+                   True, "spatial")  # fmt: skip
 
 
 def layer_messages(
@@ -269,9 +275,10 @@ class _AttributedLog(CallLog):
         self.groups = groups
 
     def _add(self, comm: Any, comm_name: str, op: str, sent: int, recv: int, messages: int, peer: int) -> None:
-        super()._add(comm, comm_name, op, sent, recv, messages, peer)
+        call = Call(op, comm_name, comm.Get_size(), sent, recv, messages, peer, ())  # (members: not priced here)
         phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
         owner = self.owners.current()
-        if not self.groups or self.groups[-1][:2] != (owner, phase):
-            self.groups.append((owner, phase, []))
-        self.groups[-1][2].append(self.calls[-1])
+        groups = self.groups
+        if not groups or groups[-1][0] != owner or groups[-1][1] != phase:
+            groups.append((owner, phase, []))
+        groups[-1][2].append(call)
