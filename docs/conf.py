@@ -64,6 +64,7 @@ html_title = f"hpctp {release}"
 hpctp_api_modules = [
     "hpctp",
     "hpctp.layout",
+    "hpctp.machine",
     "hpctp.comm",
     "hpctp.comm.torch_dist",
     "hpctp.tensor",

@@ -21,7 +21,7 @@ sdist=$(ls "$DIR"/dist/hpctp-*.tar.gz)
 version=$(basename "$wheel" | cut -d- -f2)
 echo "built $(basename "$sdist") and $(basename "$wheel")"
 tar tzf "$sdist" > "$DIR/sdist.txt"
-for f in LICENSE CHANGELOG.md README.md CMakeLists.txt capi/hpctp.h capi/hpctp.f90 hpctp/py.typed; do
+for f in LICENSE CHANGELOG.md README.md CMakeLists.txt capi/hpctp.h capi/hpctp.f90 hpctp/py.typed hpctp/machine/published/h100-ndr.toml; do
   grep -qx "hpctp-$version/$f" "$DIR/sdist.txt" || { echo "the sdist lacks $f" >&2; exit 1; }
 done
 
@@ -40,6 +40,7 @@ import re, sys
 from pathlib import Path
 
 import hpctp
+import hpctp.machine
 import hpctp.perf
 
 version, header = sys.argv[1], Path(sys.argv[2]).read_text()
@@ -49,12 +50,13 @@ if "site-packages" not in where.parts:
 macros = tuple(int(re.search(rf"#define HPCTP_VERSION_{p} (\d+)", header).group(1)) for p in ("MAJOR", "MINOR", "PATCH"))
 if not hpctp.__version__ == version == ".".join(map(str, macros)):
     raise SystemExit(f"versions differ: hpctp.__version__ {hpctp.__version__}, wheel {version}, capi/hpctp.h {macros}")
-# the package data: the published machine files
-machines = hpctp.perf.published_machines()
-if not machines:
-    raise SystemExit("the wheel has no published machine files (hpctp/perf/machines/*.toml)")
+# the package data: the published machine files (hpctp.machine's, also hpctp.perf's)
+machines = hpctp.machine.published_machines()
+if not machines or hpctp.perf.published_machines() != machines:
+    raise SystemExit("the wheel has no published machine files (hpctp/machine/published/*.toml)")
 for name in machines:
-    hpctp.perf.load_machine(name)
+    hpctp.machine.load_machine(name)
+hpctp.machine.default_machine()
 print(f"hpctp {hpctp.__version__} from {where.parent}; machine files: {', '.join(machines)}")
 PY
 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 OMP_NUM_THREADS=1 timeout 300 "$DIR/venv/bin/mpiexec" -n 2 "$DIR/venv/bin/python" -m hpctp info

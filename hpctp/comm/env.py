@@ -3,15 +3,18 @@
 The GPU paths read ``HPCTP_DEVICE`` and ``HPCTP_CUDA_AWARE``; the flight recorder
 (:mod:`hpctp.comm.trace`, :mod:`hpctp.debug`) reads ``HPCTP_TRACE`` (ring entries),
 ``HPCTP_WATCHDOG`` (seconds), ``HPCTP_CHECK`` (boolean) and ``HPCTP_TRACE_DIR`` (where dumps
-and reports go). A typo in a batch script (``HPCTP_CUDA_AWARE=2``, ``HPCTP_DEVICE=gpu1``,
-``HPCTP_WATCHDOG=5min``) is an error naming the variable and its accepted values, not a silent
-fallback. :class:`~hpctp.ProcessGrid` checks them all when it is built, collectively, so a bad
-value on one rank raises on every rank.
+and reports go); the runtime's automatic choices price on ``HPCTP_MACHINE`` (a machine file or a
+profile's name, :func:`hpctp.machine.machine_setting`). A typo in a batch script
+(``HPCTP_CUDA_AWARE=2``, ``HPCTP_DEVICE=gpu1``, ``HPCTP_WATCHDOG=5min``, ``HPCTP_MACHINE=h100``) is an
+error naming the variable and its accepted values, not a silent fallback. :class:`~hpctp.ProcessGrid`
+checks them all when it is built, collectively, so a bad value on one rank raises on every rank.
 """
 
 from __future__ import annotations
 
 import os
+
+from ..machine import machine_setting
 
 __all__ = [
     "DEBUG_VARIABLES",
@@ -158,6 +161,7 @@ def environment_error() -> ValueError | None:
         trace_setting()
         watchdog_setting()
         check_setting()
+        machine_setting()
     except ValueError as e:
         return e
     return None

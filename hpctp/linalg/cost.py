@@ -30,6 +30,10 @@ Attention (:func:`predict_attention`, :func:`choose_schedule`): the two schedule
 :func:`hpctp.nn.functional.attention` priced on the same machine model, from the layouts
 alone, so every rank picks the same schedule for ``schedule="auto"``.
 
+:class:`Machine` is :mod:`hpctp.machine`'s (re-exported here). The runtime's automatic choices
+(``schedule="auto"``, ``hpctp.matmul(..., panel="auto")``: :func:`recommend_panel_for`) price on
+:func:`hpctp.machine.runtime_cost_machine`, the machine the planner prices on (:func:`hpctp.machine.default_machine`).
+
 Cost model of the two attention schedules (ring, all-to-all): bytes, flops and time; the choice.
 
 Pure functions of the layouts (no MPI), so every rank predicts the same and picks the same
@@ -53,16 +57,17 @@ the busiest rank, forward plus (with ``backward``) backward.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._util.ints import is_int
 from ..layout import Layout, block_cuts, grid_coords, redistribution_plan
 from ..layout.ring import all_to_all_split, token_dims
-from .plan import MatmulPlan, default_panel, logical_axes, plan_matmul, required_layouts
-from .summa25d import plan_25d
+from ..machine.model import Machine
+from .plan import MatmulPlan, default_panel, logical_axes, plan_25d, plan_matmul, required_layouts
 
 __all__ = [
     "SCHEDULES",
@@ -78,47 +83,9 @@ __all__ = [
     "matmul_flops",
     "predict_matmul",
     "recommend_panel",
+    "recommend_panel_for",
     "recommend_grid",
 ]
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Local. Machine parameters of the alpha-beta-gamma model.
-
-    Parameters
-    ----------
-    alpha : float
-        Latency per message, seconds.
-    beta : float
-        Seconds per byte (inverse bandwidth of one rank's link).
-    gamma : float
-        Seconds per flop of one rank at peak GEMM speed.
-    gemm_half : float
-        Panel width at which a local GEMM reaches half of its peak rate.
-
-    Raises
-    ------
-    TypeError
-        If a parameter is not a real number.
-    ValueError
-        If a parameter is negative, NaN or infinite (or ``gamma`` not positive).
-    """
-
-    alpha: float = 2e-6
-    beta: float = 1.0 / 5e9
-    gamma: float = 1.0 / 1e10
-    gemm_half: float = 16.0
-
-    def __post_init__(self) -> None:
-        values = {name: getattr(self, name) for name in ("alpha", "beta", "gamma", "gemm_half")}
-        for name, v in values.items():
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise TypeError(f"Machine.{name} must be a real number, got {type(v).__name__} {v!r}")
-        if not all(math.isfinite(v) for v in values.values()):
-            raise ValueError(f"machine parameters must be finite, got {self}")
-        if min(self.alpha, self.beta, self.gemm_half) < 0 or self.gamma <= 0:
-            raise ValueError(f"machine parameters must be >= 0 (gamma > 0), got {self}")
 
 
 @dataclass(frozen=True)
@@ -499,12 +466,57 @@ def recommend_panel(
         On negative sizes or a bad grid.
     """
     plan = _setup(m, k, n, grid_dims, itemsize, transpose_a, transpose_b, None).plan
+    mach = machine or Machine()
+    return _best_panel(plan, lambda w: _predicted_time(m, k, n, grid_dims, mach, itemsize, transpose_a, transpose_b, w))
+
+
+def _best_panel(plan: MatmulPlan, time_of: Callable[[int], float]) -> int:
+    """The candidate width of least ``time_of(width)`` (powers of two, the default, the widest; ties: the wider)."""
     bounds = sorted(set(plan.cuts_x) | set(plan.cuts_y))
     widest = max([b - a for a, b in itertools.pairwise(bounds)] + [1])
     cands = {default_panel(plan.cuts_x, plan.cuts_y), widest} | {2**i for i in range(3, 30) if 2**i < widest}
-    machine = machine or Machine()
-    timed = [(_predicted_time(m, k, n, grid_dims, machine, itemsize, transpose_a, transpose_b, w), -w) for w in cands]
-    return -min(timed)[1]
+    return -min((time_of(w), -w) for w in cands)[1]
+
+
+def recommend_panel_for(
+    a: Layout, b: Layout, machine: Machine, *, itemsize: int, transpose_a: bool = False, transpose_b: bool = False
+) -> int:
+    """Local. :func:`recommend_panel` for inputs in these layouts: the panel width of ``panel="auto"``.
+
+    What ``hpctp.matmul(a, b, panel="auto")`` runs with (after moving its inputs to
+    :func:`~hpctp.linalg.plan.required_layouts`): the candidate width (powers of two, the default, the widest block)
+    whose pipelined SUMMA on these layouts has the lowest predicted time on ``machine``; equal to
+    :func:`recommend_panel` for balanced ``(0, 1)`` inputs. Remembered per arguments.
+
+    Parameters
+    ----------
+    a, b : Layout
+        Layouts of the stored A and B that :func:`~hpctp.linalg.plan.plan_matmul` accepts (a 2-D grid).
+    machine : Machine
+    itemsize : int
+        Bytes per element.
+    transpose_a, transpose_b : bool
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        If no SUMMA variant fits the layouts (as :func:`~hpctp.linalg.plan.plan_matmul`).
+    """
+    return _panel_for(a, b, machine, int(itemsize), bool(transpose_a), bool(transpose_b))
+
+
+@functools.lru_cache(maxsize=256)
+def _panel_for(a: Layout, b: Layout, machine: Machine, itemsize: int, ta: bool, tb: bool) -> int:
+    none = (0,) * math.prod(a.grid_dims)
+
+    def setup(panel: int | None) -> _Setup:
+        return _Setup(plan_matmul(a, b, ta, tb, panel), a, b, ta, tb, tuple(a.grid_dims), itemsize, none, none)
+
+    return _best_panel(setup(None).plan, lambda w: _timing(setup(w), machine)[3])
 
 
 def recommend_grid(

@@ -12,7 +12,7 @@ from ..tensor.core import DistTensor
 from ..tensor.registry import register
 from .local import gemm_dtype_error
 from .plan import check_panel, plan_matmul, required_layouts
-from .summa import run_plan
+from .summa import auto_panel, run_plan
 
 __all__ = ["matmul"]
 
@@ -24,7 +24,8 @@ def _same_grid(a: ProcessGrid, b: ProcessGrid) -> bool:
 def _check(
     a: object, b: object, transpose_a: object, transpose_b: object, panel: object, grid_ndim: int = 2
 ) -> int | None:
-    """Local. All of matmul's argument checks (global metadata only, so every rank agrees)."""
+    """Local. All of matmul's argument checks (global metadata only, so every rank agrees); ``panel="auto"`` (2-D
+    grids) passes as None."""
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, DistTensor):
             raise TypeError(f"matmul: {name} must be a hpctp.DistTensor, got {type(x).__name__}")
@@ -56,6 +57,11 @@ def _check(
     error = gemm_dtype_error(a.local)
     if error is not None:
         raise error
+    if isinstance(panel, str):
+        if panel != "auto" or grid_ndim != 2:
+            allowed = "a positive int, None or 'auto'" if grid_ndim == 2 else "a positive int or None"
+            raise ValueError(f"matmul: panel must be {allowed}, got {panel!r}")
+        return None
     return check_panel(panel)
 
 
@@ -70,7 +76,7 @@ def matmul(
     a: DistTensor,
     b: DistTensor,
     *,
-    panel: int | None = None,
+    panel: int | str | None = None,
     transpose_a: bool = False,
     transpose_b: bool = False,
 ) -> DistTensor:
@@ -94,9 +100,12 @@ def matmul(
     a, b : DistTensor
         2-D tensors on the same 2-D grid, same dtype (float32/float64 typical) and backend
         (numpy, torch CPU/CUDA, cupy). Sizes may be uneven and blocks empty.
-    panel : int, optional
+    panel : int or "auto", optional
         Panel width of the walked index. Default: the largest block of the walked index,
         cut into equal panels of at most 256 (:func:`hpctp.linalg.plan.default_panel`).
+        ``"auto"``: the width of least predicted time on the machine the runtime prices with
+        (:func:`hpctp.linalg.cost.recommend_panel_for` on :func:`hpctp.machine.runtime_cost_machine`:
+        ``HPCTP_MACHINE``, or the planner's machine inside :func:`hpctp.machine.use_machine`).
     transpose_a, transpose_b : bool
         Use ``a.T`` / ``b.T``.
 
@@ -112,10 +121,11 @@ def matmul(
     TypeError
         If an input is not a DistTensor, dtypes or backends differ, the dtype has no
         product (bool; torch uint16/32/64, integers on a GPU), a transpose flag is not a
-        bool, or ``panel`` is not an int. Blocks in non-native byte order are converted.
+        bool, or ``panel`` is not an int, None or ``"auto"``. Blocks in non-native byte order are converted.
     ValueError
         If an input is not 2-D, the grids differ or are not 2-D, the inner dimensions
-        differ, or ``panel < 1``. All raised on every rank before any communication.
+        differ, ``panel < 1`` or a string other than ``"auto"``. All raised on every rank before any
+        communication.
 
     Examples
     --------
@@ -137,6 +147,8 @@ def matmul(
         a = a.redistribute(la)
     if lb != b.layout:
         b = b.redistribute(lb)
+    if isinstance(panel, str):
+        width = auto_panel(a.layout, b.layout, transpose_a, transpose_b, a.local)
     plan = plan_matmul(a.layout, b.layout, transpose_a, transpose_b, width)
     local = run_plan(plan, a.local, b.local, a.grid, transpose_a, transpose_b)
     return DistTensor(local, a.grid, plan.c_layout)

@@ -22,10 +22,22 @@ from .._util.backend import Array, backend_name, copy_into, is_torch, native_ord
 from ..comm import Pending, ProcessGrid
 from ..comm.summa_calls import ireduce
 from ..layout import Layout
+from ..machine import runtime_cost_machine
+from .cost import recommend_panel_for
 from .local import Workspace, gemm, gemm_dtype_error, is_contiguous, zeros_like_backend
-from .plan import MatmulPlan, plan_matmul
+from .plan import MatmulPlan, check_panel, plan_matmul
 
-__all__ = ["summa_block", "run_plan"]
+__all__ = ["auto_panel", "summa_block", "run_plan"]
+
+
+def auto_panel(a: Layout, b: Layout, transpose_a: bool, transpose_b: bool, block: Array) -> int:
+    """Local. The panel width of ``panel="auto"`` for blocks like ``block`` in layouts ``a``, ``b`` (layouts
+    :func:`~hpctp.linalg.plan.plan_matmul` accepts): :func:`hpctp.linalg.cost.recommend_panel_for` priced on
+    :func:`hpctp.machine.runtime_cost_machine` of both grid axes and the blocks' element type, the machine the planner
+    prices with. A function of arguments every rank shares, so the same width on every rank."""
+    machine = runtime_cost_machine(a.grid_dims, range(len(a.grid_dims)), block.dtype)
+    itemsize = int(block.itemsize)
+    return recommend_panel_for(a, b, machine, itemsize=itemsize, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 class _Op:
@@ -206,7 +218,7 @@ def summa_block(
     *,
     transpose_a: bool = False,
     transpose_b: bool = False,
-    panel: int | None = None,
+    panel: int | str | None = None,
 ) -> tuple[Array, Layout]:
     """Collective over grid. ``op(A) @ op(B)`` of blocks in layouts some SUMMA variant accepts.
 
@@ -221,8 +233,9 @@ def summa_block(
         :func:`hpctp.linalg.plan.required_layouts` for moving other layouts first).
     transpose_a, transpose_b : bool
         Multiply by ``A.T`` / ``B.T`` (the stored blocks are used as transposed views).
-    panel : int, optional
-        Panel width (default from the block sizes, :func:`hpctp.linalg.plan.default_panel`).
+    panel : int or "auto", optional
+        Panel width (default from the block sizes, :func:`hpctp.linalg.plan.default_panel`; ``"auto"``:
+        :func:`auto_panel`, the width of least predicted time on the runtime's machine).
 
     Returns
     -------
@@ -250,5 +263,7 @@ def summa_block(
         error = e
     C.raise_if_any(grid.comm, error)  # a bad block on one rank raises on every rank, none waits
     a, b = native_order(a), native_order(b)
-    plan = plan_matmul(a_layout, b_layout, transpose_a, transpose_b, panel)
+    auto = isinstance(panel, str) and panel == "auto"
+    width = auto_panel(a_layout, b_layout, transpose_a, transpose_b, a) if auto else check_panel(panel)
+    plan = plan_matmul(a_layout, b_layout, transpose_a, transpose_b, width)
     return run_plan(plan, a, b, grid, transpose_a, transpose_b), plan.c_layout

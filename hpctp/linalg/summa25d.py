@@ -9,66 +9,15 @@ all-reduce. Per rank that moves ``1/c`` of SUMMA's panel volume plus one C block
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 from .. import comm as C
 from ..layout import Layout
 from ..tensor.core import DistTensor
 from .local import zeros_like_backend
 from .matmul import _check, native
-from .plan import MatmulPlan, default_panel, merge_pieces, plan_matmul
+from .plan import layer_plan, plan_25d
 from .summa import _no_autograd, _Op, _stationary_c
 
 __all__ = ["matmul_25d", "plan_25d", "layer_plan"]
-
-
-def _flat(layout: Layout) -> Layout:
-    """The layout seen by one layer: the same tensor on the first two grid axes."""
-    return Layout(layout.global_shape, layout.grid_dims[:2], layout.split, layout.cuts)
-
-
-def plan_25d(
-    a: Layout, b: Layout, transpose_a: bool = False, transpose_b: bool = False, panel: int | None = None
-) -> MatmulPlan:
-    """Local. The stationary-C plan of all layers (before :func:`layer_plan` picks one layer's panels).
-
-    Parameters
-    ----------
-    a, b : Layout
-        Layouts on a 3-D grid ``(pr, pc, c)`` in which ``op(A)`` and ``op(B)`` are split
-        ``(0, 1)`` (replicated over grid axis 2).
-    transpose_a, transpose_b : bool
-    panel : int, optional
-        Default: :func:`~hpctp.linalg.plan.default_panel`, reduced to ``ceil(w / c)`` where
-        ``w`` is the widest merged block of the contraction dim, so that block gives at least
-        ``c`` panels (narrower blocks may give fewer, and some layers then idle on them).
-
-    Returns
-    -------
-    MatmulPlan
-        Its ``c_layout`` is on the 2-D grid ``(pr, pc)``.
-
-    Raises
-    ------
-    ValueError
-        If the layouts do not give the stationary-C variant.
-    """
-    p2 = plan_matmul(_flat(a), _flat(b), transpose_a, transpose_b, panel)
-    if p2.variant != "stationary_c":
-        raise ValueError(f"2.5D matmul needs op(A) and op(B) split (0, 1), got the {p2.variant} variant")
-    if panel is None:
-        c = a.grid_dims[2]
-        bounds = sorted(set(p2.cuts_x) | set(p2.cuts_y))
-        widest = max([hi - lo for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)] + [1])
-        width = max(1, min(default_panel(p2.cuts_x, p2.cuts_y), math.ceil(widest / c)))
-        p2 = dataclasses.replace(p2, panel=width, pieces=merge_pieces(p2.cuts_x, p2.cuts_y, width))
-    return p2
-
-
-def layer_plan(plan: MatmulPlan, layer: int, layers: int) -> MatmulPlan:
-    """Local. The panels layer ``layer`` of ``layers`` walks: every ``layers``-th, starting at ``layer``."""
-    return dataclasses.replace(plan, pieces=plan.pieces[layer::layers])
 
 
 def matmul_25d(

@@ -55,9 +55,6 @@ class Message:
         Whether the layer computes while it is in flight.
     role : str
         Which parallelism it belongs to (``"spatial"``, ``"tensor"``, ``"data"``, ``"pipeline"``).
-    held : int
-        Bytes of message buffers the layer allocates and holds while it computes this phase, which a one-rank
-        trace does not see (buffers of :mod:`hpctp.comm.pool` are not counted: the pool keeps its own).
     """
 
     phase: str
@@ -70,7 +67,6 @@ class Message:
     count: int
     overlap: bool = False
     role: str = "spatial"
-    held: int = 0
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ def _activations(trace: Trace, sh: Shares, free_share: float = 1.0) -> np.ndarra
 def predict_memory(
     work: Workload, cand: Candidate, sh: Shares, stage_params: list[int] | None = None,
     in_flight: float = 1.0, stage_share: float = 1.0, stage: int = 0, boundary: float = 0.0,
-    timeline: Trace | None = None, largest: Shares | None = None, held: tuple[float, float] = (0.0, 0.0),
+    timeline: Trace | None = None, largest: Shares | None = None,
     free_share: float = 1.0,
 ) -> MemoryBreakdown:  # fmt: skip
     """Local. The busiest rank's peak bytes by kind (see the module docstring).
@@ -247,9 +247,6 @@ def predict_memory(
         the micro-batches in flight at ``largest``'s micro-batch (default ``sh``: the micro-batch that computes may
         be the largest of uneven ones). Without it, the whole model's timeline stands for the stage's.
     largest : Shares, optional
-    held : tuple of float
-        Message buffers a layer holds while it computes, forward and backward, that the trace does not see
-        (:func:`hpctp.perf.timing.held_buffers`), counted with the activations throughout each pass.
     free_share : float
         The rank's share of the point-free activations of layers that divide them over a split field
         (:func:`hpctp.perf.timing.point_free_share`; the trace's ``free``).
@@ -277,8 +274,6 @@ def predict_memory(
             acts = acts - end + kept
         acts = acts + boundary
     g, bwd = trace.grads, trace.backward > 0
-    if acts.size and any(held):
-        acts = acts + np.where(bwd, held[1], held[0])
     if z <= 2:
         bks = buckets(work, cand, stage_params)
         grads = _gradient_bytes(trace, bks, z, cand.data)

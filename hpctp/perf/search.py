@@ -29,7 +29,7 @@ from ..nn.pipeline_parallel import RECEIVE_AHEAD, SCHEDULES, ActionKind, pipelin
 from .machine import MachineProfile
 from .memory import predict_memory, shares
 from .model import Candidate, MemoryBreakdown, Prediction, TimeBreakdown
-from .timing import LayerCost, chain_cuts, held_buffers, layer_cost, point_free_share, predict_time, stage_cuts
+from .timing import LayerCost, chain_cuts, layer_cost, point_free_share, predict_time, stage_cuts
 from .workload import LayerInfo, Trace, Workload
 
 __all__ = ["Limits", "limits", "grids", "candidates", "evaluate", "memory_of", "spearman"]
@@ -374,9 +374,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     """Local. The busiest rank's predicted peak memory under ``cand`` (every pipeline rank tried)."""
     sh = shares(work.sample, cand)
     if cand.pipeline == 1:
-        return predict_memory(
-            work, cand, sh, held=held_buffers(work, cand, sh), free_share=point_free_share(work, cand)
-        )
+        return predict_memory(work, cand, sh, free_share=point_free_share(work, cand))
     f = sh.features
     split_field = cand.splits_field
     key = ("retained", cand.recompute, split_field)
@@ -411,7 +409,6 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
     sizes = _group_cuts(work.sample.batch, cand.data, cand.microbatches)
     largest = dataclasses.replace(sh, batch=max(sh.batch, *(n for g in sizes for n in g)))
     units = _group_units(work.sample.batch, cand.data, cand.microbatches)  # (each data group's cut)
-    held = held_buffers(work, cand, largest)
     for r, (params, _, _) in enumerate(parts):
         rows = [row for u in units for row in _message_buffers(cand.schedule, p, cand.microbatches, v, r,
                                                                 RECEIVE_AHEAD, u)]  # fmt: skip
@@ -421,7 +418,7 @@ def memory_of(work: Workload, cand: Candidate) -> MemoryBreakdown:
                                             for f in ("rep", "split", "grads", "backward", "arrived"))  # fmt: skip
         timeline = Trace(rep, split_, grads, bwd, [o for t in own for o in t.owners], own[0].end_forward, arrived,
                          own[0].arrival)  # fmt: skip
-        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary, timeline, largest, held)
+        m = predict_memory(work, cand, sh, params, peaks[r], shares_of[r], r, boundary, timeline, largest)
         if best is None or m.total > best.total:
             best = m
     assert best is not None  # (pipeline >= 2: the loop ran)

@@ -29,6 +29,7 @@ action lists with each stage's forward and backward times and a point-to-point m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections import defaultdict
@@ -38,6 +39,7 @@ from functools import lru_cache
 from typing import TypeVar
 
 from ..layout import FlatPacking, block_range, grid_coords
+from ..machine import use_machine
 from ..nn.pipeline_parallel import balanced_cuts, pipeline_schedule
 from .dryrun import affine_in_batch, dry_run
 from .layers import FLOPS_OVERRIDES, POINT_FREE_SHARES, Message, Site, loss_messages
@@ -52,7 +54,6 @@ __all__ = [
     "chain_cuts",
     "data_messages",
     "dry_messages",
-    "held_buffers",
     "layer_cost",
     "message_parts",
     "message_time",
@@ -126,25 +127,30 @@ def _site(info: LayerInfo, cand: Candidate, sh: Shares, work: Workload, coords: 
                 work.sample.itemsize, work.sample.tensor_units)  # fmt: skip
 
 
-def dry_messages(work: Workload, cand: Candidate, batch: int, coords: tuple[int, ...]) -> dict[str, list[Message]]:
+def dry_messages(
+    work: Workload, cand: Candidate, batch: int, coords: tuple[int, ...], machine: MachineProfile | None = None
+) -> dict[str, list[Message]]:  # fmt: skip
     """Local. Each traced module's messages in one forward and backward of ``batch`` samples on the rank at ``coords``
     of ``cand``'s model grid (spatial axes, then the tensor axis), from the real code on a virtual grid
-    (:func:`hpctp.perf.dryrun.layer_messages`, cached per grid, batch and rank); a message of a module the trace
-    does not list goes to its closest listed ancestor."""
-    key = ("dry run", cand.spatial, cand.tensor, batch, coords)
+    (:func:`hpctp.perf.dryrun.layer_messages`, cached per grid, batch, rank and machine); a message of a module the
+    trace does not list goes to its closest listed ancestor. The runtime's automatic choices (an attention's
+    ``schedule="auto"``) price on ``machine`` there (:func:`hpctp.machine.use_machine`; default: the runtime's
+    :func:`hpctp.machine.default_machine`), so the plan runs what the planner priced."""
+    key = ("dry run", cand.spatial, cand.tensor, batch, coords, id(machine))
     if key not in work.cache:
         if work.builder is None:
             raise ValueError(
                 "this workload has no model builder to run on a virtual grid: trace it with hpctp.perf.trace"
             )
         args = (work.builder, work.sample, cand.spatial, cand.tensor, work.tensor_capable, coords)
-        pair = ("dry runs of 1 and 2 samples", cand.spatial, cand.tensor, coords)
-        if pair not in work.cache:
-            work.cache[pair] = dry_run(*args, (1, 2))
-        one, two = work.cache[pair]
-        found = affine_in_batch(one, two, batch) if batch > 2 else (one, two)[batch - 1]
-        if found is None:
-            found = dry_run(*args, (batch,))[0]
+        pair = ("dry runs of 1 and 2 samples", cand.spatial, cand.tensor, coords, id(machine))
+        with use_machine(machine) if machine is not None else contextlib.nullcontext():
+            if pair not in work.cache:
+                work.cache[pair] = dry_run(*args, (1, 2))
+            one, two = work.cache[pair]
+            found = affine_in_batch(one, two, batch) if batch > 2 else (one, two)[batch - 1]
+            if found is None:
+                found = dry_run(*args, (batch,))[0]
         root = next((f for f in work.layers if f != OUTSIDE), OUTSIDE)
         out: dict[str, list[Message]] = defaultdict(list)
         for owner, msgs in found.items():
@@ -202,7 +208,7 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         compute[phase] = t
         cost.flops += sum(flops[phase].values())
         cost.kernels += info.kernels.get(phase, 0.0)
-    msgs = dry_messages(work, cand, sh.batch, coords).get(info.fqn, [])
+    msgs = dry_messages(work, cand, sh.batch, coords, machine).get(info.fqn, [])
     cost.messages = msgs
     for phase in ("fwd", "bwd"):
         hidden = 0.0
@@ -222,22 +228,6 @@ def layer_cost(info: LayerInfo, work: Workload, cand: Candidate, sh: Shares, mac
         setattr(cost, phase, compute[phase])
         (cost.comm_fwd if phase == "fwd" else cost.comm_bwd).update(exposed)
     return cost
-
-
-def held_buffers(work: Workload, cand: Candidate, sh: Shares) -> tuple[float, float]:
-    """Local. The most bytes of message buffers one layer holds while it computes (forward, backward) on the busiest
-    rank, beyond what the one-rank trace saw (``held`` of :class:`hpctp.perf.Message`: a K/V ring's dK/dV pieces, a
-    Fourier layer's gathered weight gradient), at ``sh.batch`` samples: the largest message's (a layer's messages
-    run one after another, each one's buffers gone when the next starts)."""
-    key = ("held buffers", cand.spatial, cand.tensor, sh.batch)
-    if key not in work.cache:
-        coords = tuple(min(1, s - 1) for s in cand.spatial) + (0,)
-        most = [0.0, 0.0]
-        for msgs in dry_messages(work, cand, sh.batch, coords).values():
-            for k, phase in enumerate(("fwd", "bwd")):
-                most[k] = max([most[k]] + [float(m.held) for m in msgs if m.phase == phase])
-        work.cache[key] = (most[0], most[1])
-    return work.cache[key]  # type: ignore[no-any-return]
 
 
 def point_free_share(work: Workload, cand: Candidate) -> float:

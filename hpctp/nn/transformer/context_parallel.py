@@ -39,8 +39,10 @@ and one redistribution moves the output back (autograd moves the gradients the o
 Possible while the grid axes splitting tokens (of more than one rank) do not outnumber the
 undivided batch/heads dims.
 
-``schedule="auto"`` picks the one :mod:`hpctp.perf` (:mod:`hpctp.linalg.cost`) predicts faster and logs the
-choice on rank 0 (logger ``hpctp.nn.transformer.attention``, once per set of arguments);
+``schedule="auto"`` picks the one :mod:`hpctp.perf` (:mod:`hpctp.linalg.cost`) predicts faster on the machine the
+runtime prices with (:func:`hpctp.machine.runtime_cost_machine` of the grid axes that split the tokens:
+``HPCTP_MACHINE``, the device's default, or the planner's machine inside :func:`hpctp.machine.use_machine`) and logs
+the choice on rank 0 (logger ``hpctp.nn.transformer.attention``, once per set of arguments and machine);
 :func:`attention_schedule` returns it. Arguments are validated on every rank and agreed once per
 distinct set of layouts, dtype and flags (the verdict is cached per grid), so repeated calls
 add no message beyond the attention's own.
@@ -54,7 +56,7 @@ import numbers
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -65,8 +67,9 @@ from ..._util.backend import backend_name, from_bytes
 from ...comm import ProcessGrid, tags
 from ...comm import pool as P
 from ...layout import Layout
-from ...layout.ring import RingPlan, all_to_all_split, flat_token_indices, ring_plan
+from ...layout.ring import RingPlan, all_to_all_split, flat_token_indices, ring_plan, token_dims
 from ...linalg.cost import AttentionCost, choose_schedule, predict_attention
+from ...machine import MachineProfile, default_machine, runtime_cost_machine
 from ...ops.move import move_block
 from ...tensor.core import DistTensor
 from .._amp import autocast_input, autocast_off
@@ -129,7 +132,10 @@ class _Call:
     costs: dict[str, AttentionCost]
 
 
-_agreed: weakref.WeakKeyDictionary[ProcessGrid, dict[tuple[Any, ...], _Call]] = weakref.WeakKeyDictionary()
+# per grid: agreed argument sets -> (the machine the call was priced on, the call)
+_agreed: weakref.WeakKeyDictionary[ProcessGrid, dict[tuple[Any, ...], tuple[MachineProfile, _Call]]] = (
+    weakref.WeakKeyDictionary()
+)
 _MAX_AGREED = 256  # argument sets remembered per grid (the oldest forgotten first: agreed again if seen again)
 
 
@@ -206,12 +212,21 @@ def _grads(q: Any, k: Any, v: Any) -> tuple[bool, ...]:
     return tuple(bool(on and x.local.requires_grad) for x in (q, k, v))
 
 
-def _resolve(q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, scale: float | None, schedule: str) -> _Call:
+def _token_axes(*layouts: Layout) -> tuple[int, ...]:
+    """The grid axes that split the token dims: the axes the ring and the all-to-all move blocks along."""
+    return tuple(sorted({g for x in layouts for t in token_dims(x.ndim) if (g := x.split[t]) is not None}))
+
+
+def _resolve(
+    q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, scale: float | None, schedule: str,
+    machine: MachineProfile,
+) -> _Call:  # fmt: skip
     grads = _grads(q, k, v)
     itemsize = q.local.element_size()
     acc = torch.empty((), dtype=_acc_dtype(q.dtype)).element_size()
+    priced = runtime_cost_machine(q.layout.grid_dims, _token_axes(q.layout, k.layout), q.dtype, machine)
     costs = predict_attention(
-        q.layout, k.layout, v.layout, itemsize, causal=causal, backward=any(grads), acc_itemsize=acc
+        q.layout, k.layout, v.layout, itemsize, causal=causal, backward=any(grads), acc_itemsize=acc, machine=priced
     )
     chosen = choose_schedule(costs) if schedule == "auto" else schedule
     split, _ = all_to_all_split(q.layout)
@@ -225,12 +240,15 @@ def _resolve(q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, scale: f
 
 
 def _prepare(q: Any, k: Any, v: Any, causal: Any, scale: Any, schedule: Any) -> tuple[ProcessGrid, _Call]:
-    """Collective over grid on the first call with these arguments, else Local: validate, agree, resolve."""
+    """Collective over grid on the first call with these arguments, else Local: validate, agree, resolve (priced
+    again, without a message, when the machine the runtime prices with has changed since)."""
     grid = _grid_of(q, k, v)
     error: Exception | None = None
     key: tuple[Any, ...] | None = None
+    machine: MachineProfile | None = None
     try:
         _check(q, k, v, causal, scale, schedule)
+        machine = default_machine()  # (a bad HPCTP_MACHINE is an error of the arguments' agreement)
         key = (
             q.layout, k.layout, v.layout, q.dtype, q.local.device.type, causal,
             None if scale is None else float(scale), schedule, _grads(q, k, v),
@@ -239,25 +257,39 @@ def _prepare(q: Any, k: Any, v: Any, causal: Any, scale: Any, schedule: Any) -> 
         error = e
     table = _agreed.setdefault(grid, {})
     if key is not None and key in table:
-        return grid, table[key]
+        priced_on, call = table[key]
+        if priced_on is not machine:  # (machine: set before key)
+            call = _resolved(grid, q, k, v, causal, scale, schedule, cast(MachineProfile, machine))
+            table[key] = (cast(MachineProfile, machine), call)
+        return grid, call
     shown = (None,) * 9 if key is None else key
     C.agree_arguments(
         grid.comm, "attention", error,
         layouts=shown[:3], dtype=str(shown[3]), device=shown[4], causal=shown[5], scale=shown[6],
         schedule=shown[7], requires_grad=shown[8],
     )  # fmt: skip
-    call = _resolve(q, k, v, causal, scale, schedule)
+    machine = cast(MachineProfile, machine)  # (agree_arguments raised on an error: key and machine are set)
+    call = _resolved(grid, q, k, v, causal, scale, schedule, machine)
     if len(table) >= _MAX_AGREED:
         del table[next(iter(table))]
-    table[key] = call  # type: ignore[index]
+    table[key] = (machine, call)  # type: ignore[index]
+    return grid, call
+
+
+def _resolved(
+    grid: ProcessGrid, q: DistTensor, k: DistTensor, v: DistTensor, causal: bool, scale: float | None, schedule: str,
+    machine: MachineProfile,
+) -> _Call:  # fmt: skip
+    """Local. :func:`_resolve`, the choice of ``schedule="auto"`` logged on rank 0."""
+    call = _resolve(q, k, v, causal, scale, schedule, machine)
     if grid.rank == 0 and schedule == "auto":
         ring, a2a = call.costs["ring"], call.costs["all_to_all"]
         other = f"{a2a.time:.3g} s" if a2a.supported else f"unsupported: {a2a.reason}"
         _LOG.info(
-            "attention %s x %s: %s schedule (predicted ring %.3g s, all_to_all %s)",
-            q.global_shape, k.global_shape, call.schedule, ring.time, other,
+            "attention %s x %s: %s schedule (predicted ring %.3g s, all_to_all %s, on %s)",
+            q.global_shape, k.global_shape, call.schedule, ring.time, other, machine.name,
         )  # fmt: skip
-    return grid, call
+    return call
 
 
 # ---------------------------------------------------------------------------------------------- block math
@@ -861,8 +893,9 @@ class _TileKernel:
         if self.plan.steps[u.s].visibility == "none":
             return None
         acc = self.qa.dtype
-        dk = torch.zeros(kk.shape, dtype=acc, device=kk.device)
-        dv = torch.zeros(vv.shape, dtype=acc, device=vv.device)
+        make = torch.empty if kk.device.type == "meta" else torch.zeros  # (meta: nothing to accumulate into)
+        dk = make(kk.shape, dtype=acc, device=kk.device)
+        dv = make(vv.shape, dtype=acc, device=vv.device)
         _backward_block(
             self.qa, kk, vv, self.doa, self.lse, self.delta, self.dq, dk, dv, scale, self.q_index,
             _unit_index(self.k_index, u), poke,
