@@ -71,7 +71,8 @@ RANKS4_FILES=(
   tests/test_pipeline_parallel.py tests/test_pipeline_checkpoint.py tests/test_pipeline_mismatch.py
   tests/test_train_parallel.py tests/test_sharded_checkpoint.py
   tests/test_online.py::test_same_loss_curve_on_any_trainer_ranks_and_placement
-  tests/test_planner.py::test_predicted_messages_equal_commcounter
+  tests/test_planner.py::test_predicted_messages_equal_commcounter[fno]
+  tests/test_planner.py::test_predicted_messages_equal_commcounter[vit]
   tests/test_planner.py::test_predicted_state_equals_sharded_data_parallel
   tests/test_planner.py::test_predicted_peak_memory_is_within_15_percent_of_a_measured_step
   tests/test_fft.py::test_messages_are_one_alltoallv_per_move
