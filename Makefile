@@ -33,7 +33,7 @@ core-demo: install
 	$(MPIEXEC_ENV) timeout $(MPI_TIMEOUT) $(VENV)/bin/mpiexec -n $(NP) $(PY) -m hpctp demo
 
 # test = test-main + test-mpio + the Slurm leg, with .venv-mpio built in the background while test-main runs
-# (about 13 minutes on 2 cores from a fresh clone; the first on a machine also compiles h5py, about 3 minutes of
+# (about 16-18 minutes on 2 cores from a fresh clone; the first on a machine also compiles h5py, about 3 minutes of
 # one core, in the background); which files run on 3, 4 and 6 ranks: tests/run_all.sh
 test:
 	MAKE="$(MAKE)" bash tests/make_test.sh
