@@ -32,16 +32,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .._util.ints import is_int
-from ..layout import grid_coords
+from ..layout import grid_coords, grid_rank
 
 __all__ = ["VirtualComm", "is_virtual", "virtual_world"]
-
-
-def _rank_of(coords: Sequence[int], dims: Sequence[int]) -> int:
-    r = 0
-    for c, d in zip(coords, dims):
-        r = r * d + c
-    return r
 
 
 class VirtualComm(MPI.Cartcomm):
@@ -141,7 +134,7 @@ class VirtualComm(MPI.Cartcomm):
         return list(grid_coords(int(rank), self._dims))
 
     def Get_cart_rank(self, coords: Sequence[int]) -> int:  # noqa: N802
-        return _rank_of(coords, self._dims)
+        return grid_rank(coords, self._dims)
 
     def Get_dim(self) -> int:  # noqa: N802
         return len(self._dims)
@@ -156,7 +149,7 @@ class VirtualComm(MPI.Cartcomm):
                 if not self._periods[direction]:
                     return MPI.PROC_NULL
                 c[direction] %= self._dims[direction]
-            return _rank_of(c, self._dims)
+            return grid_rank(c, self._dims)
 
         return moved(-int(disp)), moved(int(disp))
 
@@ -183,7 +176,7 @@ class VirtualComm(MPI.Cartcomm):
             coords = [next(it) if k else c for c, k in zip(me, keep)]
             if coords == list(me):
                 rank = len(members)
-            members.append(self.members[_rank_of(coords, self._dims)])
+            members.append(self.members[grid_rank(coords, self._dims)])
         periods = [p for p, k in zip(self._periods, keep) if k] or [False]
         return VirtualComm(members, rank, dims, periods)
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..comm import Call, CallLog, ProcessGrid
-from ..layout import Layout, grid_coords
+from ..layout import Layout, grid_coords, grid_rank
 from ..nn import ParallelPlan
 from ..tensor.core import DistTensor
 from .layers import Message
@@ -61,12 +61,13 @@ def message_of(call: Call, phase: str, ndim: int, tensor_axis: int | None) -> Me
     if kind == "p2p":
         return None
     q = max(call.size, 2)
-    if kind == "allreduce":  # (the vector: what a root sends to each, what each contributes)
-        n = call.sent if call.op in ("Allreduce", "Iallreduce") else max(call.sent, call.recv) // (q - 1) or call.recv
-        if call.op in ("Bcast", "Ibcast", "Reduce", "Ireduce") and call.sent and call.recv == 0:
-            n = call.sent // (q - 1) if call.op in ("Bcast", "Ibcast") else call.sent
-        elif call.op in ("Bcast", "Ibcast", "Reduce", "Ireduce"):
-            n = call.recv if call.op in ("Bcast", "Ibcast") else call.recv // (q - 1)
+    if kind == "allreduce":  # (the vector: what each contributes, what a root sends to each or gets from each)
+        if call.op in ("Bcast", "Ibcast"):
+            n = call.sent // (q - 1) if call.sent else call.recv
+        elif call.op in ("Reduce", "Ireduce"):
+            n = call.recv // (q - 1) if call.recv else call.sent
+        else:
+            n = call.sent
     elif kind == "allgather":  # (the gathered whole: every piece, this rank's included)
         n = call.recv + call.sent // (q - 1)
     elif kind == "reduce_scatter":  # (the input each rank holds)
@@ -142,7 +143,7 @@ def dry_run(
     nsp = len(spatial)
     model_dims = (*spatial, tensor) if tensor_capable else tuple(spatial)
     dims = (1, *model_dims)
-    grid = ProcessGrid.virtual(dims, rank=_rank((0, *coords[: len(model_dims)]), dims))
+    grid = ProcessGrid.virtual(dims, rank=grid_rank((0, *coords[: len(model_dims)]), dims))
     plan = ParallelPlan(grid, data=(0,), spatial=tuple(range(1, 1 + nsp)),
                         tensor=(1 + nsp,) if tensor_capable else ())  # fmt: skip
     collecting = gc.isenabled()
@@ -204,13 +205,6 @@ def affine_in_batch(
                                            sent=a.sent + (b.sent - a.sent) * k, recv=a.recv + (b.recv - a.recv) * k))  # fmt: skip
         out[owner] = row
     return out
-
-
-def _rank(coords: Sequence[int], dims: Sequence[int]) -> int:
-    r = 0
-    for c, d in zip(coords, dims):
-        r = r * d + c
-    return r
 
 
 def _run(model: torch.nn.Module, plan: ParallelPlan, sample: Sample, batch: int) -> list[tuple[str, str, list[Call]]]:
